@@ -1,0 +1,470 @@
+"""The command line: parse, call the core and a shell, render, map errors to exit codes.
+
+No decision lives here. Every command's help carries an example.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .errors import DoesNotFitError, ExitCode, FtlaunchError
+
+console = Console()
+err_console = Console(stderr=True)
+
+PASSTHROUGH = ("api", "chat", "eval", "export", "webchat", "webui", "version")
+
+
+def _env() -> dict[str, str]:
+    """The environment is input, read in one place, at call time."""
+    return dict(os.environ)
+
+
+class FtlaunchGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except FtlaunchError as exc:
+            if os.environ.get("FTLAUNCH_DEBUG") == "1":
+                raise
+            err_console.print(f"[red]error:[/red] {exc.message}", highlight=False, markup=True)
+            if isinstance(exc, DoesNotFitError) and exc.alternatives:
+                t = Table(title="what would fit (predicted peak per GPU)")
+                for col in ("option", "peak GiB", "fits", "change"):
+                    t.add_column(col)
+                for a in exc.alternatives:
+                    change = a.get("change") or {}
+                    t.add_row(
+                        str(a.get("option")),
+                        f"{a.get('peak_gib', 0):.1f}",
+                        "yes" if a.get("fits") else "no",
+                        " ".join(f"{k}={v}" for k, v in change.items()),
+                    )
+                err_console.print(t)
+            if exc.hint:
+                err_console.print(f"hint: {exc.hint}", highlight=False, markup=False)
+            ctx.exit(int(exc.exit_code))
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+@click.group(cls=FtlaunchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ftlaunch")
+def main() -> None:
+    """ftlaunch: run LLaMA-Factory fine-tuning on the machine at hand.
+
+    \b
+    Example:
+      ftlaunch plan  cfg.yaml --gpu V100-32GB
+      ftlaunch train cfg.yaml learning_rate=2e-5
+      ftlaunch status
+    """
+
+
+def plan_options(f):
+    f = click.option("--gpu", help="Plan for a catalog card instead of probing: V100-32GB, A100-80GBx4, none.")(f)
+    f = click.option(
+        "--hardware",
+        "hardware_file",
+        type=click.Path(dir_okay=False),
+        help="Plan for a machine captured with `ftlaunch env --json`.",
+    )(f)
+    f = click.option(
+        "--source-gpus",
+        type=click.IntRange(min=1),
+        help="GPUs the config was written for (default 1); sets the source global batch.",
+    )(f)
+    f = click.option("--global-batch", type=click.IntRange(min=1), help="Source global batch, set directly.")(f)
+    f = click.option(
+        "--headroom",
+        type=click.FloatRange(0.0, 0.9),
+        default=0.12,
+        show_default=True,
+        help="Share of GPU memory kept free.",
+    )(f)
+    f = click.option("--params", help="Model size when config.json is not at hand, e.g. 7B.")(f)
+    return f
+
+
+def _request(config: str, overrides: tuple[str, ...], strict: bool, **kw: Any):
+    from .service import PlanRequest
+
+    return PlanRequest(
+        config=config,
+        overrides=tuple(overrides),
+        gpu=kw.get("gpu"),
+        hardware_file=kw.get("hardware_file"),
+        source_gpus=kw.get("source_gpus"),
+        global_batch=kw.get("global_batch"),
+        headroom=kw.get("headroom", 0.12),
+        params=kw.get("params"),
+        strict_files=strict,
+    )
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@plan_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+def plan(config: str, overrides: tuple[str, ...], as_json: bool, **kw: Any) -> None:
+    """Show how CONFIG would be adapted to this machine; run nothing.
+
+    \b
+    Examples:
+      ftlaunch plan examples/train_full/qwen3_full_sft.yaml learning_rate=2e-5
+      ftlaunch plan cfg.yaml --gpu V100-32GB
+      ftlaunch plan cfg.yaml --source-gpus 8 --json
+    """
+    from .render import plan_renderables
+    from .service import make_plan
+
+    _, p = make_plan(_request(config, overrides, False, **kw), _env())
+    if as_json:
+        from .launch import public_env
+
+        d = p.to_dict()
+        d["env"] = public_env(p.env)
+        _echo_json(d)
+        return
+    for r in plan_renderables(p):
+        console.print(r)
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@plan_options
+@click.option("--foreground", is_flag=True, help="Run attached and exit with the run's code (schedulers, containers).")
+@click.option("--follow", "-f", is_flag=True, help="Start detached, then follow the log (Ctrl-C stops following only).")
+@click.option("--name", help="A name for the run (default: the output_dir's last part).")
+@click.option(
+    "--max-retries",
+    type=click.IntRange(min=0),
+    default=4,
+    show_default=True,
+    help="OOM recovery steps without progress before giving up.",
+)
+@click.option(
+    "--max-crash-retries",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Retries after a crash that is not an OOM or a config error.",
+)
+@click.option("--no-recover", is_flag=True, help="Never retry: a failure ends the run.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id", "run_dir"} once started.')
+def train(
+    config: str,
+    overrides: tuple[str, ...],
+    foreground: bool,
+    follow: bool,
+    name: str | None,
+    max_retries: int,
+    max_crash_retries: int,
+    no_recover: bool,
+    as_json: bool,
+    **kw: Any,
+) -> None:
+    """Plan CONFIG, then run `llamafactory-cli train` on the adapted config, supervised.
+
+    Takes the same arguments as `llamafactory-cli train`: a YAML and key=value overrides.
+    By default the run is detached: it survives the shell and SSH; follow it with `ftlaunch logs -f`.
+
+    \b
+    Examples:
+      ftlaunch train cfg.yaml
+      ftlaunch train cfg.yaml learning_rate=2e-5 --follow
+      ftlaunch train cfg.yaml --foreground
+    """
+    from .launch import find_trainer
+    from .render import plan_text
+    from .service import create_run, make_plan, start_detached
+    from .supervisor import Supervisor, check_output_free
+
+    env = _env()
+    loaded, p = make_plan(_request(config, overrides, True, **kw), env)
+    find_trainer(env)
+    check_output_free(env, str(p.config.get("output_dir", "")))
+    run_dir = create_run(
+        loaded,
+        p,
+        env,
+        name=name,
+        recover=not no_recover,
+        max_retries=max_retries,
+        max_crash_retries=max_crash_retries,
+    )
+    if not as_json:
+        err_console.print(plan_text(p), highlight=False, markup=False)
+    if foreground:
+        err_console.print(f"run {run_dir.name} (foreground); run dir {run_dir}", highlight=False)
+        code = Supervisor(run_dir, env, echo=not as_json).run()
+        if as_json:
+            _echo_json({"id": run_dir.name, "run_dir": str(run_dir), "exit_code": code})
+        sys.exit(code)
+    pid = start_detached(run_dir, env)
+    if as_json:
+        _echo_json({"id": run_dir.name, "run_dir": str(run_dir), "pid": pid})
+    else:
+        click.echo(f"started run {run_dir.name} (supervisor pid {pid})")
+        click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
+        click.echo(f"  status: ftlaunch status {run_dir.name}")
+        click.echo(f"  stop:   ftlaunch stop {run_dir.name}")
+    if follow:
+        _follow(run_dir)
+
+
+@main.command("env")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable; feed it to --hardware elsewhere.")
+def env_cmd(as_json: bool) -> None:
+    """What ftlaunch sees: GPUs, driver, RAM, disk, versions.
+
+    \b
+    Examples:
+      ftlaunch env
+      ftlaunch env --json > hw.json   # then elsewhere: ftlaunch plan cfg.yaml --hardware hw.json
+    """
+    from .hardware import probe
+    from .render import hardware_renderables
+
+    hw = probe(_env())
+    if as_json:
+        _echo_json(hw.to_dict())
+        return
+    for r in hardware_renderables(hw):
+        console.print(r)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def runs(as_json: bool) -> None:
+    """List every run: id, name, status, progress, started, output_dir.
+
+    \b
+    Example:
+      ftlaunch runs
+    """
+    from .service import all_runs
+
+    rows = all_runs(_env())
+    if as_json:
+        _echo_json(rows)
+        return
+    t = Table(title=f"{len(rows)} run(s)")
+    for col in ("id", "name", "status", "attempt", "progress", "loss", "started", "output_dir"):
+        t.add_column(col)
+    for r in rows:
+        prog = f"{r.get('step')}/{r.get('total_steps')}" if r.get("total_steps") else "-"
+        loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-"
+        t.add_row(
+            r["id"],
+            str(r.get("name") or "-"),
+            r["status"],
+            str(r.get("attempt") or "-"),
+            prog,
+            loss,
+            str(r.get("created") or "-"),
+            str(r.get("output_dir") or "-"),
+        )
+    console.print(t)
+
+
+STATUS_EXIT = {
+    "succeeded": 0,
+    "running": int(ExitCode.RUNNING),
+    "starting": int(ExitCode.RUNNING),
+    "recovering": int(ExitCode.RUNNING),
+    "stopped": int(ExitCode.FAILED),
+    "failed": int(ExitCode.FAILED),
+    "lost": int(ExitCode.FAILED),
+}
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("--json", "as_json", is_flag=True)
+def status(run: str | None, as_json: bool) -> None:
+    """Status of RUN (id, prefix or name; default the latest). Exit 0 succeeded, 11 running, 1 otherwise.
+
+    \b
+    Examples:
+      ftlaunch status
+      ftlaunch status nightly --json
+    """
+    from .service import resolve_run, run_view
+
+    view = run_view(resolve_run(_env(), run))
+    if as_json:
+        _echo_json(view)
+    else:
+        _print_status(view)
+    sys.exit(STATUS_EXIT.get(view["status"], 1))
+
+
+def _fmt_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+
+
+def _print_status(v: dict[str, Any]) -> None:
+    from rich.progress_bar import ProgressBar
+
+    t = Table(title=f"run {v['id']} ({v.get('name')}): {v['status']}", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    if v.get("total_steps"):
+        step = v.get("step") or 0
+        t.add_row("progress", ProgressBar(total=v["total_steps"], completed=step, width=40))
+        t.add_row("step", f"{step}/{v['total_steps']} ({100 * step / v['total_steps']:.0f}%)")
+    for key, label in (
+        ("attempt", "attempt"),
+        ("loss", "loss"),
+        ("throughput", "tokens/s"),
+        ("steps_per_second", "steps/s"),
+        ("micro_batch", "micro-batch"),
+        ("accumulation", "accumulation"),
+        ("last_checkpoint", "last checkpoint"),
+        ("pid", "supervisor pid"),
+        ("output_dir", "output_dir"),
+        ("run_dir", "run_dir"),
+        ("message", "message"),
+    ):
+        if v.get(key) is not None:
+            val = v[key]
+            t.add_row(label, f"{val:.4g}" if isinstance(val, float) else str(val))
+    t.add_row("ETA", _fmt_seconds(v.get("eta_seconds")))
+    console.print(t)
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("--follow", "-f", is_flag=True, help="Keep following, across restarts, until the run ends.")
+def logs(run: str | None, follow: bool) -> None:
+    """Print the log of RUN (default the latest).
+
+    \b
+    Examples:
+      ftlaunch logs
+      ftlaunch logs -f 20261130-1200
+    """
+    from .service import resolve_run
+
+    run_dir = resolve_run(_env(), run)
+    if follow:
+        _follow(run_dir, from_start=True)
+        return
+    with open(run_dir / "train.log", "rb") as f:
+        sys.stdout.buffer.write(f.read())
+
+
+def _follow(run_dir: Path, from_start: bool = True, poll: float = 0.3) -> None:
+    from .runstore import RunStatus
+    from .service import run_view
+
+    path = run_dir / "train.log"
+    try:
+        with open(path, "rb") as f:
+            if not from_start:
+                f.seek(0, 2)
+            quiet_since: float | None = None
+            while True:
+                chunk = f.read()
+                if chunk:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.buffer.flush()
+                    quiet_since = None
+                    continue
+                status = RunStatus(run_view(run_dir)["status"])
+                if status.is_terminal():
+                    quiet_since = quiet_since or time.monotonic()
+                    if time.monotonic() - quiet_since > 1.0:
+                        return
+                time.sleep(poll)
+    except KeyboardInterrupt:
+        err_console.print("\n(stopped following; the run goes on)")
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("--grace", type=float, default=30.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
+def stop(run: str | None, grace: float) -> None:
+    """Stop RUN gracefully: SIGTERM to the trainer's process group, then SIGKILL. Checkpoints stay.
+
+    \b
+    Example:
+      ftlaunch stop
+    """
+    from .service import resolve_run, stop_run
+
+    click.echo(stop_run(resolve_run(_env(), run), grace=grace))
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("--foreground", is_flag=True, help="Run attached instead of detached.")
+@click.option("--follow", "-f", is_flag=True, help="Follow the log after resuming.")
+def resume(run: str | None, foreground: bool, follow: bool) -> None:
+    """Re-attach to RUN if alive; else restart it from its last complete checkpoint.
+
+    \b
+    Example:
+      ftlaunch resume            # after SSH loss, a reboot or `ftlaunch stop`
+    """
+    from .service import resolve_run, resume_run
+
+    run_dir = resolve_run(_env(), run)
+    what, value = resume_run(run_dir, _env(), foreground=foreground)
+    if what == "alive":
+        click.echo(f"run {run_dir.name} is alive (supervisor pid {value}); following its log")
+        if sys.stdout.isatty() or follow:
+            _follow(run_dir)
+    elif what == "finished":
+        click.echo(f"run {run_dir.name} already succeeded; nothing to do")
+    elif what == "foreground":
+        sys.exit(value)
+    else:
+        click.echo(f"run {run_dir.name} restarted (supervisor pid {value})")
+        if follow:
+            _follow(run_dir)
+
+
+def _passthrough(name: str) -> click.Command:
+    @click.command(
+        name=name,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+        help=f"Pass through to `llamafactory-cli {name}` unchanged.\n\nExample: ftlaunch {name} cfg.yaml",
+    )
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def cmd(args: tuple[str, ...]) -> None:
+        from .launch import find_trainer
+
+        cli = find_trainer(_env())
+        sys.stdout.flush()
+        os.execvpe(cli[0], [*cli, name, *args], _env())
+
+    return cmd
+
+
+for _name in PASSTHROUGH:
+    main.add_command(_passthrough(_name))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Process shell: liveness by (pid, start time), detached spawning, group signalling.
+
+Liveness fails closed (SkyPilot controller_liveness): UNKNOWN means "possibly alive", and nothing
+is restarted or cleaned up on UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from pathlib import Path
+
+import psutil
+
+
+class Liveness(StrEnum):
+    ALIVE = "alive"
+    DEAD = "dead"
+    UNKNOWN = "unknown"
+
+
+def start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def liveness(pid: int | None, started: float | None) -> Liveness:
+    if not pid:
+        return Liveness.DEAD
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return Liveness.DEAD
+        created = proc.create_time()
+    except psutil.NoSuchProcess:
+        return Liveness.DEAD
+    except (psutil.AccessDenied, OSError):
+        return Liveness.UNKNOWN
+    if started is None:
+        return Liveness.UNKNOWN
+    # create_time has ~10 ms resolution from /proc; a reused pid starts much later.
+    return Liveness.ALIVE if abs(created - started) < 1.0 else Liveness.DEAD
+
+
+def spawn_detached(
+    cmd: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None
+) -> subprocess.Popen:
+    """Start ``cmd`` in a new session: no controlling terminal, immune to the shell's SIGHUP."""
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(
+            list(cmd),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        log.close()
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def terminate_group(pgid: int, grace: float = 30.0, poll: float = 0.1) -> bool:
+    """SIGTERM the process group, wait up to ``grace`` s, then SIGKILL. True if it is gone."""
+    if not signal_group(pgid, signal.SIGTERM):
+        return True
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return True
+        time.sleep(poll)
+    signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return True
+        time.sleep(poll)
+    return not group_alive(pgid)

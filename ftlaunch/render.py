@@ -1,0 +1,127 @@
+"""Rendering plans, hardware and runs for people (rich) and machines (JSON). No decisions here."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .hardware import Hardware
+from .planner import REMOVED, Plan
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if v is REMOVED or v == REMOVED:
+        return "(removed)"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def plan_renderables(plan: Plan, title: str = "ftlaunch plan") -> list[Any]:
+    out: list[Any] = []
+    if plan.changes:
+        t = Table(title=f"{title}: {len(plan.changes)} change(s) for {plan.hardware.describe()}")
+        t.add_column("key", style="bold")
+        t.add_column("before")
+        t.add_column("after", style="green")
+        t.add_column("why")
+        for c in plan.changes:
+            t.add_row(c.key, _fmt(c.old), _fmt(c.new), c.reason)
+        out.append(t)
+    else:
+        out.append(f"{title}: no changes needed for {plan.hardware.describe()}")
+    inv = Table(title="invariants", show_header=False)
+    inv.add_column("what")
+    inv.add_column("value")
+    inv.add_row(
+        "global batch",
+        f"{plan.global_batch_source} -> {plan.global_batch_target}"
+        f" = {plan.micro_batch} micro x {plan.accumulation} accum x {plan.world_size} device(s)"
+        + ("" if plan.global_batch_source == plan.global_batch_target else "  (NOT kept exactly)"),
+    )
+    inv.add_row("devices", plan.hardware.describe())
+    inv.add_row("precision", plan.precision)
+    if plan.env:
+        inv.add_row("trainer env", " ".join(f"{k}={v}" for k, v in sorted(plan.env.items())))
+    out.append(inv)
+    if plan.memory:
+        out.append(memory_table(plan.memory))
+    for w in plan.warnings:
+        out.append(f"[yellow]warning:[/yellow] {w}")
+    return out
+
+
+def memory_table(mem: Any) -> Table:
+    t = Table(title="memory per GPU (GiB, predicted)", show_header=False)
+    t.add_column("component")
+    t.add_column("GiB", justify="right")
+    for key in (
+        "weights_gib",
+        "gradients_gib",
+        "optimizer_gib",
+        "activations_gib",
+        "logits_gib",
+        "overhead_gib",
+        "peak_gib",
+        "capacity_gib",
+        "usable_gib",
+        "host_gib",
+    ):
+        if mem.get(key) is not None:
+            t.add_row(key.removesuffix("_gib"), f"{mem[key]:.2f}")
+    if mem.get("headroom") is not None:
+        t.add_row("headroom", f"{mem['headroom']:.0%}")
+    t.add_row("fits", "yes" if mem.get("fits") else "NO")
+    if mem.get("tried"):
+        t.add_row("micro-batch tried", ", ".join(f"{b}: {p:.1f}" for b, p in mem["tried"]))
+    return t
+
+
+def plan_text(plan: Plan, title: str = "ftlaunch plan") -> str:
+    buf = io.StringIO()
+    console = Console(file=buf, width=140, no_color=True, force_terminal=False)
+    for r in plan_renderables(plan, title):
+        console.print(r)
+    return buf.getvalue()
+
+
+def hardware_renderables(hw: Hardware) -> list[Any]:
+    t = Table(title=f"hardware (probe: {hw.source})")
+    for col in ("gpu", "name", "memory GiB", "free GiB", "compute cap.", "bf16"):
+        t.add_column(col)
+    for g in hw.gpus:
+        cc = g.compute_capability
+        t.add_row(
+            str(g.index),
+            g.name,
+            f"{g.total_gib:.1f}",
+            "-" if g.free_mib is None else f"{g.free_mib / 1024:.1f}",
+            f"{cc[0]}.{cc[1]}" if cc else "?",
+            "yes" if g.bf16 else "no",
+        )
+    out: list[Any] = [t if hw.gpus else "no GPU visible: training runs on the CPU in fp32"]
+    facts = Table(show_header=False)
+    facts.add_column("what")
+    facts.add_column("value")
+    facts.add_row("driver", _fmt(hw.driver_version))
+    facts.add_row("host RAM GiB", f"{_fmt(hw.host_ram_gib)} (available {_fmt(hw.host_available_gib)})")
+    facts.add_row("disk free GiB", _fmt(hw.disk_free_gib))
+    facts.add_row("CPUs", _fmt(hw.cpu_count))
+    for k, v in hw.versions.items():
+        facts.add_row(k, _fmt(v) if v else "not installed")
+    out.append(facts)
+    for n in hw.notes:
+        out.append(f"note: {n}")
+    return out
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=str)

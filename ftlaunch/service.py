@@ -1,0 +1,343 @@
+"""Use cases that tie the pure core to the shells: plan a config, create/start/stop/resume runs.
+
+The CLI calls these and only renders; tests call them directly with an env dict and tmp dirs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import progress as prog
+from .config import LoadedConfig, dump_yaml, load_config, load_deepspeed, resolve_paths
+from .errors import ConfigError, HardwareError, StateError
+from .hardware import Hardware, catalog_hardware, load_hardware_file, probe
+from .launch import find_trainer, public_env
+from .memory_store import config_key, recall
+from .planner import Plan, PlanOptions, plan
+from .procs import Liveness, liveness, spawn_detached, terminate_group
+from .render import plan_text, to_json
+from .runstore import (
+    STATE_VERSION,
+    RunStatus,
+    append_event,
+    find_run,
+    new_run_id,
+    now_iso,
+    read_events,
+    read_state,
+    runs_root,
+    update_state,
+    write_json_atomic,
+)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    config: str
+    overrides: tuple[str, ...] = ()
+    gpu: str | None = None
+    hardware_file: str | None = None
+    source_gpus: int | None = None
+    global_batch: int | None = None
+    headroom: float = 0.12
+    params: str | None = None
+    strict_files: bool = False  # train: a missing dataset is an error, plan: a warning
+    cwd: str | None = None
+
+
+def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path = ".") -> Hardware:
+    if req.gpu and req.hardware_file:
+        raise HardwareError("--gpu and --hardware both given", hint="use one of them")
+    if req.gpu:
+        return catalog_hardware(req.gpu, host_ram_gib=probe_ram())
+    if req.hardware_file:
+        return load_hardware_file(req.hardware_file)
+    return probe(env, disk_path=disk_path)
+
+
+def probe_ram() -> float | None:
+    import psutil
+
+    return round(psutil.virtual_memory().total / 2**30, 2)
+
+
+def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, Plan]:
+    loaded = load_config(req.config, req.overrides, cwd=req.cwd)
+    values, problems, warnings = resolve_paths(loaded.values, loaded.base_dir, strict=req.strict_files)
+    ds = None
+    if not problems:
+        try:
+            ds = load_deepspeed(values)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
+    g_source = req.global_batch
+    from .memplan import make_memory_chooser, model_spec_for
+
+    spec, spec_note = model_spec_for(values, req.params)
+    if spec_note:
+        warnings.append(spec_note)
+    chooser = make_memory_chooser(spec, ds, headroom=req.headroom) if spec is not None else None
+    options = PlanOptions(source_gpus=req.source_gpus, global_batch=g_source, headroom=req.headroom)
+    p = plan(values, hw, options, meta=loaded.meta, memory_chooser=chooser)
+    # What worked on this card before (learned from a recovered run) wins over the first guess.
+    key = config_key(loaded.values, hw.gpu_model, p.global_batch_target)
+    learned = recall(env, key)
+    if learned and learned.get("micro_batch") and learned["micro_batch"] != p.micro_batch:
+        options = PlanOptions(
+            source_gpus=req.source_gpus,
+            global_batch=g_source,
+            headroom=req.headroom,
+            remembered_micro_batch=int(learned["micro_batch"]),
+            remembered_reason=f"micro-batch {learned['micro_batch']} worked on {hw.gpu_model} "
+            f"after an OOM ({learned.get('learned_from')})",
+        )
+        p = plan(values, hw, options, meta=loaded.meta, memory_chooser=None)
+    if warnings:
+        p = Plan(**{**p.__dict__, "warnings": tuple(warnings) + p.warnings})
+    return loaded, p
+
+
+# ---------------------------------------------------------------- runs
+
+
+def create_run(
+    loaded: LoadedConfig,
+    p: Plan,
+    env: Mapping[str, str],
+    *,
+    name: str | None = None,
+    recover: bool = True,
+    max_retries: int = 4,
+    max_crash_retries: int = 2,
+    trainer_env: Mapping[str, str] | None = None,
+    extra_state: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a run directory completely, then make it visible with one rename (no half runs)."""
+    root = runs_root(env)
+    root.mkdir(parents=True, exist_ok=True)
+    run_id = new_run_id()
+    tmp = root / f".{run_id}.tmp"
+    tmp.mkdir()
+    try:
+        shutil.copyfile(loaded.source_path, tmp / "source.yaml")
+        (tmp / "config.yaml").write_text(dump_yaml(p.config, p.header))
+        (tmp / "plan.txt").write_text(plan_text(p))
+        plan_dict = p.to_dict()
+        plan_dict["env"] = public_env(p.env)
+        (tmp / "plan.json").write_text(to_json(plan_dict))
+        (tmp / "hardware.json").write_text(to_json(p.hardware.to_dict()))
+        (tmp / "train.log").touch()
+        output_dir = str(p.config.get("output_dir", ""))
+        state = {
+            "version": STATE_VERSION,
+            "id": run_id,
+            "name": name or Path(output_dir).name or run_id,
+            "status": RunStatus.STARTING.value,
+            "created": now_iso(),
+            "attempt": 0,
+            "source_config": str(loaded.source_path),
+            "overrides": list(loaded.overrides),
+            "base_dir": str(loaded.base_dir),
+            "output_dir": output_dir,
+            "run_dir": str(root / run_id),
+            "gpu_model": p.hardware.gpu_model,
+            "gpu_count": p.hardware.gpu_count,
+            "world_size": p.world_size,
+            "global_batch": p.global_batch_target,
+            "micro_batch": p.micro_batch,
+            "accumulation": p.accumulation,
+            "recover": recover,
+            "budget": {"oom_max": max_retries, "crash_max": max_crash_retries, "oom_used": 0, "crash_used": 0},
+            "trainer_env": dict(public_env({**p.env, **(trainer_env or {})})),
+            "memory_key": config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target),
+            **dict(extra_state or {}),
+        }
+        write_json_atomic(tmp / "state.json", state)
+        (tmp / "events.jsonl").write_text("")
+        os.replace(tmp, root / run_id)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    run_dir = root / run_id
+    append_event(run_dir, "created", name=state["name"], changes=len(p.changes))
+    return run_dir
+
+
+def supervisor_command(run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "ftlaunch.supervisor", str(run_dir)]
+
+
+def start_detached(run_dir: Path, env: Mapping[str, str], wait: float = 10.0) -> int:
+    """Spawn the supervisor in a new session; return its pid once it has taken over the run."""
+    find_trainer(env)  # fail now, in the user's shell, rather than in the background
+    proc = spawn_detached(supervisor_command(run_dir), env, run_dir / "supervisor.log", cwd=run_dir)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            st = read_state(run_dir)
+        except StateError:
+            st = {}
+        if st.get("pid") == proc.pid or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    return proc.pid
+
+
+# ---------------------------------------------------------------- status
+
+
+def run_view(run_dir: Path, now: float | None = None) -> dict[str, Any]:
+    """One run as `status --json` shows it. Liveness decides running vs lost (fails closed)."""
+    state = read_state(run_dir)
+    status = RunStatus(state.get("status", "lost"))
+    live = liveness(state.get("pid"), state.get("pid_start"))
+    trainer_live = liveness(state.get("trainer_pid"), state.get("trainer_start"))
+    if not status.is_terminal() and live is Liveness.DEAD:
+        status = RunStatus.LOST
+    p = state.get("progress") or {}
+    step, total = p.get("step"), p.get("total_steps")
+    rate = state.get("steps_per_second")
+    eta = None
+    if status in (RunStatus.RUNNING, RunStatus.RECOVERING) and rate and step is not None and total:
+        since = (now or time.time()) - float(state.get("progress_at") or time.time())
+        eta = max(0.0, (total - step) / rate - since)
+    return {
+        "id": state.get("id", run_dir.name),
+        "name": state.get("name"),
+        "status": status.value,
+        "attempt": state.get("attempt"),
+        "step": step,
+        "total_steps": total,
+        "loss": p.get("loss"),
+        "lr": p.get("lr"),
+        "throughput": p.get("throughput"),
+        "steps_per_second": rate,
+        "eta_seconds": None if eta is None else round(eta, 1),
+        "micro_batch": state.get("micro_batch"),
+        "accumulation": state.get("accumulation"),
+        "pid": state.get("pid"),
+        "supervisor_alive": live.value,
+        "trainer_pid": state.get("trainer_pid"),
+        "trainer_alive": trainer_live.value,
+        "output_dir": state.get("output_dir"),
+        "run_dir": str(run_dir),
+        "created": state.get("created"),
+        "exit_code": state.get("exit_code"),
+        "failure_kind": state.get("failure_kind"),
+        "message": state.get("message"),
+        "last_checkpoint": state.get("last_checkpoint"),
+    }
+
+
+def stop_run(run_dir: Path, grace: float = 30.0) -> str:
+    """SIGTERM the supervisor (it stops the trainer's group and records it); clean up if it is gone."""
+    state = read_state(run_dir)
+    status = RunStatus(state.get("status", "lost"))
+    live = liveness(state.get("pid"), state.get("pid_start"))
+    trainer_live = liveness(state.get("trainer_pid"), state.get("trainer_start"))
+    if status.is_terminal() and live is not Liveness.ALIVE and trainer_live is not Liveness.ALIVE:
+        return f"run {run_dir.name} already {status.value}"
+    if live is Liveness.ALIVE:
+        os.kill(state["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + grace + 10
+        while time.monotonic() < deadline and liveness(state["pid"], state.get("pid_start")) is Liveness.ALIVE:
+            time.sleep(0.1)
+        if liveness(state["pid"], state.get("pid_start")) is Liveness.ALIVE:
+            os.kill(state["pid"], signal.SIGKILL)
+    elif live is Liveness.UNKNOWN:
+        return f"run {run_dir.name}: cannot tell whether pid {state.get('pid')} is ours; not touching it"
+    # The supervisor is gone; its trainer may be an orphan still holding the GPU.
+    if trainer_live is Liveness.ALIVE:
+        terminate_group(state["trainer_pid"], grace=grace)
+    st = read_state(run_dir)
+    if not RunStatus(st.get("status", "lost")).is_terminal():
+        update_state(run_dir, status=RunStatus.STOPPED.value, ended=time.time(), message="stopped by the user")
+        append_event(run_dir, "stopped", message="supervisor was gone; trainer stopped directly")
+    return f"run {run_dir.name} stopped"
+
+
+def resolve_run(env: Mapping[str, str], ref: str | None) -> Path:
+    return find_run(env, ref)
+
+
+def resume_run(run_dir: Path, env: Mapping[str, str], *, foreground: bool = False) -> tuple[str, int]:
+    """Re-attach if alive; restart from the last complete checkpoint if the run died."""
+    try:
+        state = read_state(run_dir)
+    except StateError:
+        state = rebuild_state(run_dir)
+    status = RunStatus(state.get("status", "lost"))
+    live = liveness(state.get("pid"), state.get("pid_start"))
+    if live is Liveness.ALIVE or live is Liveness.UNKNOWN:
+        return "alive", int(state.get("pid") or 0)
+    if status is RunStatus.SUCCEEDED:
+        return "finished", 0
+    trainer_live = liveness(state.get("trainer_pid"), state.get("trainer_start"))
+    if trainer_live is not Liveness.DEAD:
+        terminate_group(state["trainer_pid"], grace=30)  # an orphan from a killed supervisor
+    out = Path(state.get("output_dir") or "")
+    last = prog.last_complete_checkpoint(out)
+    # A run that gave up gets a fresh budget: the user changed something, or wants another go.
+    b = dict(state.get("budget") or {})
+    b.update({"oom_used": 0, "crash_used": 0})
+    update_state(run_dir, status=RunStatus.STARTING.value, budget=b, pid=None, trainer_pid=None)
+    append_event(run_dir, "resumed", previous=status.value, from_checkpoint=last[1].name if last else None)
+    if foreground:
+        from .supervisor import Supervisor
+
+        return "foreground", Supervisor(run_dir, env, echo=True).run()
+    return "restarted", start_detached(run_dir, env)
+
+
+def rebuild_state(run_dir: Path) -> dict[str, Any]:
+    """state.json lost or corrupt: rebuild enough of it from config.yaml to resume."""
+    import yaml
+
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.exists():
+        raise StateError(f"run {run_dir.name}: neither state.json nor config.yaml is readable")
+    values = yaml.safe_load(cfg_path.read_text()) or {}
+    bad = run_dir / "state.json"
+    if bad.exists():
+        bad.rename(run_dir / f"state.json.corrupt-{int(time.time())}")
+    state = {
+        "version": STATE_VERSION,
+        "id": run_dir.name,
+        "name": Path(str(values.get("output_dir", run_dir.name))).name,
+        "status": RunStatus.LOST.value,
+        "attempt": 0,
+        "output_dir": values.get("output_dir"),
+        "run_dir": str(run_dir),
+        "recover": True,
+        "rebuilt": now_iso(),
+    }
+    write_json_atomic(run_dir / "state.json", state)
+    append_event(run_dir, "state_rebuilt")
+    return state
+
+
+def all_runs(env: Mapping[str, str]) -> list[dict[str, Any]]:
+    from .runstore import list_runs
+
+    out = []
+    for run_dir in list_runs(env):
+        try:
+            out.append(run_view(run_dir))
+        except StateError as exc:
+            out.append({"id": run_dir.name, "status": "unreadable", "message": exc.message, "run_dir": str(run_dir)})
+    return out
+
+
+def events_of(run_dir: Path) -> list[dict[str, Any]]:
+    return read_events(run_dir)

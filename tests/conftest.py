@@ -1,0 +1,91 @@
+"""Shared fixtures. Tests never touch the real home or GPU: FTLAUNCH_HOME and HF caches go to tmp."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT.parent / "shared" / "corpus"
+EXAMPLES = CORPUS / "llamafactory-examples"
+MODEL_CONFIGS = CORPUS / "model-configs"
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    home = tmp_path / "ftlaunch-home"
+    monkeypatch.setenv("FTLAUNCH_HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # never a real GPU from tests
+    monkeypatch.delenv("FTLAUNCH_LLAMAFACTORY_CLI", raising=False)
+    return home
+
+
+def venv_bin() -> Path:
+    return Path(sys.executable).parent
+
+
+def have_llamafactory() -> bool:
+    return (venv_bin() / "llamafactory-cli").exists() or shutil.which("llamafactory-cli") is not None
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny LLaMA model + alpaca dataset made locally (scripts/make_tiny.py)."""
+    if not have_llamafactory():
+        pytest.skip("the train extra (llamafactory) is not installed")
+    out = tmp_path_factory.mktemp("tiny")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny.py"), str(out)], check=True, capture_output=True)
+    return out
+
+
+def tiny_config(tiny: Path, out_dir: Path, **over) -> dict:
+    cfg = {
+        "model_name_or_path": str(tiny / "model"),
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "full",
+        "dataset": "alpaca_tiny",
+        "dataset_dir": str(tiny / "data"),
+        "template": "default",
+        "cutoff_len": 128,
+        "max_samples": 64,
+        "preprocessing_num_workers": 1,
+        "dataloader_num_workers": 0,
+        "output_dir": str(out_dir),
+        "logging_steps": 1,
+        "save_steps": 4,
+        "overwrite_output_dir": True,
+        "report_to": "none",
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "learning_rate": 1.0e-4,
+        "num_train_epochs": 1.0,
+        "lr_scheduler_type": "cosine",
+        "bf16": True,
+        "seed": 42,
+    }
+    cfg.update(over)
+    return cfg
+
+
+def write_yaml(path: Path, cfg: dict) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def child_env(**extra) -> dict:
+    env = dict(os.environ)
+    env.update(extra)
+    return env

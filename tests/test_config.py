@@ -1,0 +1,90 @@
+"""Config loading: merge like llamafactory-cli, resolve paths, reject bad input with every problem."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftlaunch.config import dump_yaml, known_keys, load_config, parse_value, read_header, resolve_paths
+from ftlaunch.errors import ConfigError
+
+from .conftest import EXAMPLES
+
+
+def test_overrides_parse_as_yaml_scalars_like_omegaconf():
+    assert parse_value("2e-5") == 2e-5  # OmegaConf reads this as float; plain YAML 1.1 would not
+    assert parse_value("1.0e-4") == 1e-4
+    assert parse_value("true") is True
+    assert parse_value("8") == 8
+    assert parse_value("identity,alpaca_en_demo") == "identity,alpaca_en_demo"
+    assert parse_value("null") is None
+
+
+def test_overrides_merge_and_keep_order(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("stage: sft\nlearning_rate: 1.0e-5\nbf16: true\n")
+    loaded = load_config(p, ["learning_rate=2e-5", "cutoff_len=512"], cwd=tmp_path)
+    assert list(loaded.values) == ["stage", "learning_rate", "bf16", "cutoff_len"]
+    assert loaded.values["learning_rate"] == 2e-5
+
+
+def test_every_problem_is_listed_at_once(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("stage: sft\nlerning_rate: 1.0e-5\nper_device_train_batch_size: [1, 2]\nbogus: 1\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, ["--bf16", "true", "cutoff_len=abc"], cwd=tmp_path)
+    text = str(ei.value)
+    assert "'bogus'" in text and "'lerning_rate'" in text and "did you mean 'learning_rate'" in text
+    assert "per_device_train_batch_size" in text
+    assert "not `--key value`" in text
+    assert "cutoff_len" in text  # int key given a string
+    assert ei.value.exit_code == 3
+
+
+def test_unparsable_yaml_and_missing_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("stage: sft\n  bad: [unclosed\n")
+    with pytest.raises(ConfigError, match="does not parse"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(lst)
+
+
+def test_relative_paths_resolve_from_cwd():
+    loaded = load_config("examples/train_full/qwen3_full_sft.yaml", cwd=EXAMPLES)
+    values, problems, warnings = resolve_paths(loaded.values, loaded.base_dir, strict=False)
+    assert problems == []
+    assert values["deepspeed"] == str((EXAMPLES / "examples/deepspeed/ds_z3_config.json").resolve())
+    assert values["output_dir"] == str(EXAMPLES / "saves/qwen3-4b/full/sft")
+    assert values["model_name_or_path"] == "Qwen/Qwen3-4B-Instruct-2507"  # a hub id stays
+    assert any("dataset_info.json" in w for w in warnings)  # plan warns, train fails
+    _, problems, _ = resolve_paths(loaded.values, loaded.base_dir, strict=True)
+    assert any("dataset_info.json" in p for p in problems)
+
+
+def test_missing_deepspeed_and_local_model_are_problems(tmp_path):
+    vals = {"deepspeed": "ds/missing.json", "model_name_or_path": "./models/none", "output_dir": "out"}
+    _, problems, _ = resolve_paths(vals, tmp_path)
+    assert len(problems) == 2
+    assert any("deepspeed" in p for p in problems) and any("model_name_or_path" in p for p in problems)
+
+
+def test_header_round_trip():
+    text = dump_yaml({"stage": "sft", "bf16": False}, {"world_size": 4, "global_batch": 64})
+    assert read_header(text) == {"world_size": 4, "global_batch": 64}
+    assert "ftlaunch-plan" not in text.splitlines()[1]
+
+
+def test_known_keys_cover_the_corpus_examples():
+    import yaml
+
+    keys = known_keys()
+    for path in (EXAMPLES / "examples").rglob("*.yaml"):
+        if "accelerate" in path.parts:
+            continue
+        data = yaml.safe_load(path.read_text())
+        unknown = set(data) - set(keys)
+        assert not unknown, f"{path}: {unknown}"
