@@ -95,6 +95,17 @@ def plan_options(f):
         help="Share of GPU memory kept free.",
     )(f)
     f = click.option("--params", help="Model size when config.json is not at hand, e.g. 7B.")(f)
+    f = click.option(
+        "--host-ram",
+        "host_ram_gib",
+        type=click.FloatRange(min=1),
+        help="Host RAM in GiB to plan with (CPU offload); default: this machine's.",
+    )(f)
+    f = click.option(
+        "--model-config",
+        type=click.Path(dir_okay=False, exists=True),
+        help="A config.json that sizes the model when the weights are elsewhere (hub id).",
+    )(f)
     return f
 
 
@@ -110,6 +121,8 @@ def _request(config: str, overrides: tuple[str, ...], strict: bool, **kw: Any):
         global_batch=kw.get("global_batch"),
         headroom=kw.get("headroom", 0.12),
         params=kw.get("params"),
+        model_config=kw.get("model_config"),
+        host_ram_gib=kw.get("host_ram_gib"),
         strict_files=strict,
     )
 

@@ -26,9 +26,22 @@ class MemoryDecision:
     batch_reason: str | None = None
 
 
-def model_spec_for(values: Mapping[str, Any], params: str | None) -> tuple[Any, str | None]:
-    """(ModelSpec or None, a note when the size is unknown or guessed)."""
+def model_spec_for(
+    values: Mapping[str, Any], params: str | None, model_config: str | None = None
+) -> tuple[Any, str | None]:
+    """(ModelSpec or None, a note when the size is unknown or guessed).
+
+    Order: --model-config FILE, --params, a local model directory's config.json.
+    """
+    import json
+
     from . import modelspec
+
+    if model_config:
+        try:
+            return modelspec.spec_from_config(json.loads(Path(model_config).read_text())), None
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"--model-config {model_config}: {exc}") from None
 
     if params:
         try:
@@ -84,7 +97,7 @@ def make_memory_chooser(spec: Any, deepspeed_config: Mapping[str, Any] | None, *
                 f"{spec.params / 1e9:.2f}B-parameter model, {setup.finetuning_type} fine-tuning, "
                 f"cutoff_len {setup.seq_len}: peak {est['peak_gib']:.1f} GiB at micro-batch 1 > "
                 f"{usable:.1f} GiB usable on {hw.describe()} ({headroom:.0%} headroom)",
-                hint="ftlaunch never changes the method or data on its own; pick one of the options below",
+                hint="ftlaunch never changes the method or data on its own; pick one of the options above",
                 alternatives=[dict(a) for a in choice.alternatives],
             )
         edits: list[tuple[str, Any, str]] = []

@@ -85,16 +85,27 @@ class _Editor:
         self.values = dict(values)
         self.changes: list[Change] = []
 
+    def _record(self, key: str, old: Any, new: Any, reason: str) -> None:
+        """One row per key: a later decision on the same key replaces the earlier row."""
+        for i, c in enumerate(self.changes):
+            if c.key == key:
+                if c.old == new and type(c.old) is type(new):
+                    del self.changes[i]  # back to where it started: no change at all
+                else:
+                    self.changes[i] = Change(key, c.old, new, reason)
+                return
+        self.changes.append(Change(key, old, new, reason))
+
     def set(self, key: str, new: Any, reason: str) -> None:
         old = self.values.get(key)
         if key in self.values and old == new and type(old) is type(new):
             return
         self.values[key] = new
-        self.changes.append(Change(key, old, new, reason))
+        self._record(key, old, new, reason)
 
     def remove(self, key: str, reason: str) -> None:
         if key in self.values:
-            self.changes.append(Change(key, self.values.pop(key), REMOVED, reason))
+            self._record(key, self.values.pop(key), REMOVED, reason)
 
 
 def divisors_desc(n: int) -> list[int]:

@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ class PlanRequest:
     global_batch: int | None = None
     headroom: float = 0.12
     params: str | None = None
+    model_config: str | None = None
+    host_ram_gib: float | None = None  # what-if host RAM (offload planning); default: this machine's
     strict_files: bool = False  # train: a missing dataset is an error, plan: a warning
     cwd: str | None = None
 
@@ -57,10 +59,14 @@ def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path
     if req.gpu and req.hardware_file:
         raise HardwareError("--gpu and --hardware both given", hint="use one of them")
     if req.gpu:
-        return catalog_hardware(req.gpu, host_ram_gib=probe_ram())
+        return catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib or probe_ram())
     if req.hardware_file:
-        return load_hardware_file(req.hardware_file)
-    return probe(env, disk_path=disk_path)
+        hw = load_hardware_file(req.hardware_file)
+    else:
+        hw = probe(env, disk_path=disk_path)
+    if req.host_ram_gib:
+        hw = replace(hw, host_ram_gib=req.host_ram_gib, host_available_gib=req.host_ram_gib)
+    return hw
 
 
 def probe_ram() -> float | None:
@@ -84,7 +90,7 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     g_source = req.global_batch
     from .memplan import make_memory_chooser, model_spec_for
 
-    spec, spec_note = model_spec_for(values, req.params)
+    spec, spec_note = model_spec_for(values, req.params, req.model_config)
     if spec_note:
         warnings.append(spec_note)
     chooser = make_memory_chooser(spec, ds, headroom=req.headroom) if spec is not None else None

@@ -200,6 +200,7 @@ class Supervisor:
                 step=step,
             )
             offload_ok = importlib.util.find_spec("deepspeed") is not None and bool(state.get("gpu_count", 0))
+            last = prog.last_complete_checkpoint(out, weights_only)
             d = decide(
                 ex,
                 values,
@@ -208,7 +209,7 @@ class Supervisor:
                 progressed=ckpt_after > ckpt_before,
                 offload_ok=offload_ok,
                 step=step,
-                resume_from=(prog.last_complete_checkpoint(out, weights_only) or (0, Path("")))[1].name or None,
+                resume_from=last[1].name if last else None,
             )
             budget = d.budget
             if d.action == "retry":
@@ -226,6 +227,9 @@ class Supervisor:
                     budget=budget.to_dict(),
                     trainer_env=extra_env,
                     last_failure=ex.kind.value if ex.kind else None,
+                    micro_batch=values.get("per_device_train_batch_size"),
+                    accumulation=values.get("gradient_accumulation_steps"),
+                    **({"recovered_batch": True} if "per_device_train_batch_size" in d.edits else {}),
                 )
                 self._say(f"ftlaunch: {d.message}")
                 continue
@@ -353,6 +357,8 @@ class Supervisor:
             if rc is not None:
                 break
             time.sleep(self.poll)
+        if records:  # the last lines may have arrived while updates were throttled
+            update_state(self.run_dir, progress=prog.latest_progress(records).to_dict())
         pump.join(timeout=10)
         _killpg(trainer.pid, signal.SIGKILL)  # leave no stray workers of the trainer's group
         with open(log_path, errors="replace") as f:

@@ -19,8 +19,9 @@ INJECT = str(ROOT / "tests" / "inject")
 
 
 def ftl(*args, env=None, timeout=120):
-    return subprocess.run([str(venv_bin() / "ftlaunch"), *args], env=env or child_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(venv_bin() / "ftlaunch"), *args], env=env or child_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def status(run_id: str, env=None) -> dict:
@@ -54,7 +55,8 @@ def test_run_survives_the_starting_sessions_sighup(tiny, tmp_path):
     # A whole "SSH session": its own session and process group, then hung up like a dropped connection.
     shell = subprocess.Popen(
         ["bash", "-c", f"{venv_bin() / 'ftlaunch'} train {cfg} --json > {idfile}; sleep 300"],
-        env=slow_env(), start_new_session=True,
+        env=slow_env(),
+        start_new_session=True,
     )
     run = wait_for(lambda: idfile.exists() and idfile.read_text().strip() and json.loads(idfile.read_text()))
     assert Path(run["run_dir"]).is_dir()

@@ -125,3 +125,27 @@ def test_plan_is_json_serialisable():
     for key in ("hardware", "config", "env", "changes", "global_batch"):
         assert key in d
     assert d["global_batch"] == {"source": 8, "target": 8}
+
+
+@pytest.mark.parametrize("card", ["T4", "V100-32GB", "A100-80GB", "H100-80GBx4", "none"])
+@pytest.mark.parametrize("name", ["qwen3_lora_sft_ds3", "qwen3_lora_sft", "qwen3_full_sft"])
+def test_memory_driven_plan_is_idempotent(name, card, tmp_path):
+    """With the memory model in the loop (offload, micro-batch), re-planning changes nothing."""
+    from ftlaunch.errors import DoesNotFitError
+    from ftlaunch.service import PlanRequest, make_plan
+
+    from .conftest import ROOT
+
+    templates = ROOT / "templates"
+    mc = str(templates / "models/qwen3-4b/config.json")
+    req = PlanRequest(
+        config=f"cluster/{name}.yaml", gpu=card, source_gpus=8, model_config=mc, cwd=str(templates), host_ram_gib=128
+    )
+    try:
+        _, first = make_plan(req, {})
+    except DoesNotFitError:
+        return
+    adapted = tmp_path / "adapted.yaml"
+    adapted.write_text(dump_yaml(first.config, first.header))
+    _, again = make_plan(PlanRequest(config=str(adapted), gpu=card, model_config=mc, host_ram_gib=128), {})
+    assert again.changes == (), again.changes

@@ -73,5 +73,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if any(os.environ.get(k) for k in ("FTLAUNCH_TEST_STEP_SLEEP", "FTLAUNCH_TEST_OOM_ABOVE", "FTLAUNCH_TEST_EVAL_OOM_ABOVE")):
+if any(
+    os.environ.get(k) for k in ("FTLAUNCH_TEST_STEP_SLEEP", "FTLAUNCH_TEST_OOM_ABOVE", "FTLAUNCH_TEST_EVAL_OOM_ABOVE")
+):
     sys.meta_path.insert(0, _Finder())
