@@ -96,6 +96,11 @@ def plan_options(f):
     )(f)
     f = click.option("--params", help="Model size when config.json is not at hand, e.g. 7B.")(f)
     f = click.option(
+        "--mirror",
+        help="Pre-download the model from the hub first: auto, hf, hf-mirror, modelscope or a URL "
+        "(plan fetches config.json only).",
+    )(f)
+    f = click.option(
         "--host-ram",
         "host_ram_gib",
         type=click.FloatRange(min=1),
@@ -123,6 +128,8 @@ def _request(config: str, overrides: tuple[str, ...], strict: bool, **kw: Any):
         params=kw.get("params"),
         model_config=kw.get("model_config"),
         host_ram_gib=kw.get("host_ram_gib"),
+        mirror=kw.get("mirror"),
+        download_weights=strict and kw.get("mirror") is not None,
         strict_files=strict,
     )
 
@@ -238,6 +245,40 @@ def train(
         click.echo(f"  stop:   ftlaunch stop {run_dir.name}")
     if follow:
         _follow(run_dir)
+
+
+@main.command()
+@click.argument("repo_id")
+@click.option(
+    "--mirror",
+    default="auto",
+    show_default=True,
+    help="auto (probe the hub, then hf-mirror.com), hf, hf-mirror, modelscope, or a base URL.",
+)
+@click.option("--revision", help="Branch, tag or commit.")
+@click.option("--json", "as_json", is_flag=True, help="Print {path, endpoint, files, bytes, retries}.")
+def download(repo_id: str, mirror: str, revision: str | None, as_json: bool) -> None:
+    """Download REPO_ID into the hub cache with retries and resume, then verify every file.
+
+    \b
+    Examples:
+      ftlaunch download Qwen/Qwen2.5-1.5B-Instruct
+      ftlaunch download Qwen/Qwen2.5-1.5B-Instruct --mirror hf-mirror --json
+    """
+    from .service import prefetch_model
+
+    def on_retry(n: int, total: int, exc: BaseException, wait: float) -> None:
+        err_console.print(f"[{n}/{total}] {type(exc).__name__}: retrying in {wait:.1f}s", highlight=False, markup=False)
+
+    r = prefetch_model(
+        repo_id, mirror, _env(), revision=revision, progress=not as_json and sys.stderr.isatty(), on_retry=on_retry
+    )
+    if as_json:
+        _echo_json({**r.to_dict(), "endpoint_reason": r.endpoint_reason})
+    else:
+        click.echo(f"{repo_id}: {r.files} files, {r.bytes / 2**20:.1f} MiB from {r.endpoint} ({r.endpoint_reason})")
+        click.echo(f"verified snapshot: {r.path}")
+        click.echo(f"train offline with: model_name_or_path={r.path} and HF_HUB_OFFLINE=1")
 
 
 @main.command("env")

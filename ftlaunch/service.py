@@ -52,6 +52,8 @@ class PlanRequest:
     model_config: str | None = None
     host_ram_gib: float | None = None  # what-if host RAM (offload planning); default: this machine's
     strict_files: bool = False  # train: a missing dataset is an error, plan: a warning
+    mirror: str | None = None  # download from the hub first: None = no, "auto" or a name/URL
+    download_weights: bool = False  # train: the whole snapshot; plan: config.json only
     cwd: str | None = None
 
 
@@ -86,11 +88,20 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
             problems += exc.problems
     if problems:
         raise ConfigError(problems)
+    fetched: Prefetch | None = None
+    hub_id = values.get("model_name_or_path")
+    if req.mirror and is_hub_id(hub_id):
+        fetched = prefetch_model(
+            str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=sys.stderr.isatty()
+        )
     hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
     g_source = req.global_batch
     from .memplan import make_memory_chooser, model_spec_for
 
-    spec, spec_note = model_spec_for(values, req.params, req.model_config)
+    model_config = req.model_config
+    if fetched is not None and model_config is None and (Path(fetched.path) / "config.json").exists():
+        model_config = str(Path(fetched.path) / "config.json")
+    spec, spec_note = model_spec_for(values, req.params, model_config)
     if spec_note:
         warnings.append(spec_note)
     chooser = make_memory_chooser(spec, ds, headroom=req.headroom) if spec is not None else None
@@ -109,9 +120,30 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
             f"after an OOM ({learned.get('learned_from')})",
         )
         p = plan(values, hw, options, meta=loaded.meta, memory_chooser=None)
+    if fetched is not None:
+        p = with_prefetch(p, fetched, weights=req.download_weights)
     if warnings:
         p = Plan(**{**p.__dict__, "warnings": tuple(warnings) + p.warnings})
     return loaded, p
+
+
+def with_prefetch(p: Plan, fetched: Prefetch, *, weights: bool) -> Plan:
+    """Point the trainer at the local snapshot and keep it off the network (train only)."""
+    extra = {"hub": fetched.to_dict()}
+    if not weights:
+        return Plan(**{**p.__dict__, "extra": {**dict(p.extra), **extra}})
+    from .planner import Change
+
+    config = dict(p.config)
+    old = config.get("model_name_or_path")
+    config["model_name_or_path"] = fetched.path
+    why = (
+        f"pre-downloaded from {fetched.endpoint or 'ModelScope'} ({fetched.endpoint_reason}); "
+        "the trainer then runs with HF_HUB_OFFLINE=1"
+    )
+    changes = (*p.changes, Change("model_name_or_path", old, fetched.path, why))
+    env = {**p.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return Plan(**{**p.__dict__, "config": config, "changes": changes, "env": env, "extra": {**dict(p.extra), **extra}})
 
 
 # ---------------------------------------------------------------- runs
@@ -347,3 +379,59 @@ def all_runs(env: Mapping[str, str]) -> list[dict[str, Any]]:
 
 def events_of(run_dir: Path) -> list[dict[str, Any]]:
     return read_events(run_dir)
+
+
+# ---------------------------------------------------------------- hub
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    repo_id: str
+    endpoint: str | None
+    endpoint_reason: str
+    path: str
+    files: int
+    bytes: int
+    retries: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def is_hub_id(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and not Path(value).exists()
+        and value.count("/") == 1
+        and not value.startswith(("/", ".", "~"))
+    )
+
+
+def prefetch_model(
+    repo_id: str,
+    mirror: str | None,
+    env: Mapping[str, str],
+    *,
+    revision: str | None = None,
+    config_only: bool = False,
+    progress: bool = True,
+    on_retry: Any = None,
+) -> Prefetch:
+    """Choose an endpoint and download ``repo_id`` (or just its config.json) into the hub cache."""
+    from . import hub
+
+    choice = hub.choose_endpoint(repo_id, mirror, env)
+    endpoint = hub.MODELSCOPE if choice.use_modelscope else choice.url
+    cache = env.get("HF_HUB_CACHE") or (str(Path(env["HF_HOME"]) / "hub") if env.get("HF_HOME") else None)
+    token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
+    result = hub.download(
+        repo_id,
+        endpoint=endpoint or "hf",
+        revision=revision,
+        cache_dir=cache,
+        token=token,
+        progress=progress,
+        on_retry=on_retry,
+        allow_patterns=["config.json"] if config_only else None,
+    )
+    return Prefetch(repo_id, choice.url, choice.reason, result.path, result.files, result.bytes, result.retries)
