@@ -58,7 +58,7 @@ def test_relative_paths_resolve_from_cwd():
     values, problems, warnings = resolve_paths(loaded.values, loaded.base_dir, strict=False)
     assert problems == []
     assert values["deepspeed"] == str((EXAMPLES / "examples/deepspeed/ds_z3_config.json").resolve())
-    assert values["output_dir"] == str(EXAMPLES / "saves/qwen3-4b/full/sft")
+    assert values["output_dir"] == str(EXAMPLES.resolve() / "saves/qwen3-4b/full/sft")
     assert values["model_name_or_path"] == "Qwen/Qwen3-4B-Instruct-2507"  # a hub id stays
     assert any("dataset_info.json" in w for w in warnings)  # plan warns, train fails
     _, problems, _ = resolve_paths(loaded.values, loaded.base_dir, strict=True)
