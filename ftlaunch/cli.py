@@ -395,7 +395,6 @@ def _print_status(v: dict[str, Any]) -> None:
         ("micro_batch", "micro-batch"),
         ("accumulation", "accumulation"),
         ("last_checkpoint", "last checkpoint"),
-        ("pid", "supervisor pid"),
         ("output_dir", "output_dir"),
         ("run_dir", "run_dir"),
         ("message", "message"),
@@ -403,7 +402,10 @@ def _print_status(v: dict[str, Any]) -> None:
         if v.get(key) is not None:
             val = v[key]
             t.add_row(label, f"{val:.4g}" if isinstance(val, float) else str(val))
-    t.add_row("ETA", _fmt_seconds(v.get("eta_seconds")))
+    if v.get("supervisor_alive") == "alive":
+        t.add_row("supervisor pid", f"{v['pid']} (trainer {v.get('trainer_pid') or '-'})")
+    if v["status"] in ("running", "recovering", "starting"):
+        t.add_row("ETA", _fmt_seconds(v.get("eta_seconds")))
     console.print(t)
 
 

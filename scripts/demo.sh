@@ -8,7 +8,7 @@ bash scripts/setup.sh
 export FTLAUNCH_HOME=${FTLAUNCH_HOME:-$PWD/.demo/home}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 if [ ! -f .demo/model/config.json ]; then
-  .venv/bin/python scripts/make_tiny.py .demo
+  .venv/bin/python scripts/make_tiny.py .demo --rows 512
 fi
 rm -rf .demo/saves/tiny-full-sft
 echo "== plan: a config written for 8 GPUs with bf16 and ZeRO-2, adapted to this machine"
