@@ -522,5 +522,14 @@ for _name in PASSTHROUGH:
     main.add_command(_passthrough(_name))
 
 
+def _register_groups() -> None:
+    from .schedule_cli import schedule_group
+
+    main.add_command(schedule_group, "schedule")
+
+
+_register_groups()
+
+
 if __name__ == "__main__":
     main()

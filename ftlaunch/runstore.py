@@ -67,7 +67,7 @@ def runs_root(env: Mapping[str, str]) -> Path:
 
 
 def now_iso(t: float | None = None) -> str:
-    return datetime.fromtimestamp(time.time() if t is None else t, UTC).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(time.time() if t is None else t, UTC).isoformat(timespec="milliseconds")
 
 
 def new_run_id(t: float | None = None) -> str:
