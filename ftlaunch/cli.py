@@ -395,6 +395,7 @@ def _print_status(v: dict[str, Any]) -> None:
         ("micro_batch", "micro-batch"),
         ("accumulation", "accumulation"),
         ("last_checkpoint", "last checkpoint"),
+        ("gpu_memory_gib", "GPU memory GiB"),
         ("output_dir", "output_dir"),
         ("run_dir", "run_dir"),
         ("message", "message"),

@@ -410,3 +410,27 @@ def probe(
         versions=_versions(),
         notes=tuple(notes),
     )
+
+
+def gpu_memory_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml) -> float | None:
+    """GiB of GPU memory used by these processes, per NVML; None when NVML cannot tell."""
+    try:
+        nvml = nvml_loader()
+        nvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        used = 0
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid in pids and proc.usedGpuMemory:
+                    used += int(proc.usedGpuMemory)
+        return round(used / 2**30, 2)
+    except Exception:
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass

@@ -18,7 +18,7 @@ from typing import Any
 from . import progress as prog
 from .config import LoadedConfig, dump_yaml, load_config, load_deepspeed, resolve_paths
 from .errors import ConfigError, HardwareError, StateError
-from .hardware import Hardware, catalog_hardware, load_hardware_file, probe
+from .hardware import Hardware, catalog_hardware, gpu_memory_of, load_hardware_file, probe
 from .launch import find_trainer, public_env
 from .memory_store import config_key, recall
 from .planner import Plan, PlanOptions, plan
@@ -245,6 +245,9 @@ def run_view(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         status = RunStatus.LOST
     p = state.get("progress") or {}
     step, total = p.get("step"), p.get("total_steps")
+    gpu_gib = None
+    if trainer_live is Liveness.ALIVE and state.get("gpu_count"):
+        gpu_gib = gpu_memory_of(_process_tree(int(state["trainer_pid"])))
     rate = state.get("steps_per_second")
     eta = None
     if status in (RunStatus.RUNNING, RunStatus.RECOVERING) and rate and step is not None and total:
@@ -275,7 +278,18 @@ def run_view(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "failure_kind": state.get("failure_kind"),
         "message": state.get("message"),
         "last_checkpoint": state.get("last_checkpoint"),
+        "gpu_memory_gib": gpu_gib,
     }
+
+
+def _process_tree(pid: int) -> set[int]:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return {pid, *(c.pid for c in proc.children(recursive=True))}
+    except psutil.Error:
+        return {pid}
 
 
 def stop_run(run_dir: Path, grace: float = 30.0) -> str:

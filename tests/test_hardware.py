@@ -147,3 +147,15 @@ def test_hardware_file_round_trip(tmp_path):
     with pytest.raises(HardwareError, match="malformed"):
         load_hardware_file(tmp_path / "bad2.json")
     assert Hardware().world_size == 1
+
+
+def test_gpu_memory_of_sums_the_runs_processes():
+    from ftlaunch.hardware import gpu_memory_of
+
+    class Nv(FakeNvml):
+        def nvmlDeviceGetComputeRunningProcesses(self, h):
+            ours = SimpleNamespace(pid=100 + h, usedGpuMemory=2 * 2**30)
+            return [ours, SimpleNamespace(pid=999, usedGpuMemory=2**30)]
+
+    assert gpu_memory_of({100, 101}, nvml_loader=Nv) == 4.0
+    assert gpu_memory_of({100}, nvml_loader=lambda: FakeNvml(fail=True)) is None
