@@ -34,6 +34,7 @@ from typing import IO, Any
 
 from .errors import BusyError, ConfigError, ExitCode, FtlaunchError, RunNotFoundError, StateError
 from .launch import SECRET_ENV
+from .locks import try_flock
 from .runstore import home, now_iso, write_json_atomic
 
 SCHEDULE_VERSION = 1
@@ -497,24 +498,13 @@ def update_record(env: Mapping[str, str], name: str, change: Callable[[dict[str,
 
 def acquire_run_lock(env: Mapping[str, str], name: str) -> IO[str]:
     """A non-blocking flock held for the whole `schedule run`; the kernel drops it when we die."""
-    path = home(env) / "locks" / f"schedule-{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
+    got = try_flock(home(env) / "locks" / f"schedule-{name}.lock", f"pid {os.getpid()}")
+    if isinstance(got, str):
         raise BusyError(
-            f"schedule {name} is already running ({holder}); skipped this run",
+            f"schedule {name} is already running ({got or 'another process'}); skipped this run",
             hint="the next scheduled time will run it; `ftlaunch runs` shows the live run",
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()}")
-    f.flush()
-    return f
+        )
+    return got
 
 
 # ---------------------------------------------------------------- crontab executable (shell)

@@ -8,7 +8,6 @@ SignalReceiver). Decisions come from the pure ``ftlaunch.recovery``.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import os
@@ -28,6 +27,7 @@ from . import progress as prog
 from .config import dump_yaml, read_header
 from .errors import BusyError, ExitCode, FtlaunchError
 from .launch import find_trainer, redact, trainer_command, trainer_env
+from .locks import try_flock
 from .memory_store import remember
 from .recovery import ZERO3_OFFLOAD, Budget, classify, decide
 from .runstore import (
@@ -52,24 +52,14 @@ def lock_path(env: Mapping[str, str], output_dir: str) -> Path:
 
 def acquire_output_lock(env: Mapping[str, str], output_dir: str, run_id: str) -> IO[str]:
     """Hold an flock for the run's life: the kernel drops it when the holder dies, so no stale lock."""
-    path = lock_path(env, output_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another run"
-        f.close()
+    got = try_flock(lock_path(env, output_dir), run_id)
+    if isinstance(got, str):
+        holder = got or "another run"
         raise BusyError(
             f"output_dir {output_dir} is in use by run {holder}",
             hint=f"wait for it, stop it (`ftlaunch stop {holder}`), or set another output_dir",
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(run_id)
-    f.flush()
-    return f
+        )
+    return got
 
 
 def check_output_free(env: Mapping[str, str], output_dir: str) -> None:
