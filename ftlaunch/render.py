@@ -54,6 +54,11 @@ def plan_renderables(plan: Plan, title: str = "ftlaunch plan") -> list[Any]:
     out.append(inv)
     if plan.memory:
         out.append(memory_table(plan.memory))
+    if plan.extra.get("resolved_paths"):
+        out.append(
+            "paths made absolute (resolved from the current directory, so the adapted config runs "
+            f"from anywhere): {', '.join(plan.extra['resolved_paths'])}"
+        )
     for w in plan.warnings:
         out.append(f"[yellow]warning:[/yellow] {w}")
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import progress as prog
-from .config import LoadedConfig, dump_yaml, load_config, load_deepspeed, resolve_paths
+from .config import PATH_KEYS, LoadedConfig, dump_yaml, load_config, load_deepspeed, resolve_paths
 from .errors import ConfigError, HardwareError, StateError
 from .hardware import Hardware, catalog_hardware, gpu_memory_of, load_hardware_file, probe
 from .launch import find_trainer, public_env
@@ -120,6 +120,9 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
             f"after an OOM ({learned.get('learned_from')})",
         )
         p = plan(values, hw, options, meta=loaded.meta, memory_chooser=None)
+    resolved = [k for k in PATH_KEYS if k in values and loaded.values.get(k) != values.get(k)]
+    if resolved:
+        p = Plan(**{**p.__dict__, "extra": {**dict(p.extra), "resolved_paths": resolved}})
     if fetched is not None:
         p = with_prefetch(p, fetched, weights=req.download_weights)
     if warnings:
