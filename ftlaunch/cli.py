@@ -390,7 +390,9 @@ def _print_status(v: dict[str, Any]) -> None:
     for key, label in (
         ("attempt", "attempt"),
         ("loss", "loss"),
-        ("throughput", "tokens/s"),
+        ("tokens_per_second", "tokens/s"),
+        ("gpu_hours", "GPU-hours so far"),
+        ("gpu_hours_projected", "GPU-hours projected"),
         ("steps_per_second", "steps/s"),
         ("micro_batch", "micro-batch"),
         ("accumulation", "accumulation"),
@@ -524,9 +526,12 @@ for _name in PASSTHROUGH:
 
 
 def _register_groups() -> None:
+    from .estimate_cli import estimate_cmd, plot_cmd
     from .schedule_cli import schedule_group
 
     main.add_command(schedule_group, "schedule")
+    main.add_command(estimate_cmd, "estimate")
+    main.add_command(plot_cmd, "plot")
 
 
 _register_groups()

@@ -256,6 +256,7 @@ def run_view(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     if status in (RunStatus.RUNNING, RunStatus.RECOVERING) and rate and step is not None and total:
         since = (now or time.time()) - float(state.get("progress_at") or time.time())
         eta = max(0.0, (total - step) / rate - since)
+    cost = _cost(run_dir, state, status, step, total, rate, now)
     return {
         "id": state.get("id", run_dir.name),
         "name": state.get("name"),
@@ -282,6 +283,30 @@ def run_view(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "message": state.get("message"),
         "last_checkpoint": state.get("last_checkpoint"),
         "gpu_memory_gib": gpu_gib,
+        **cost,
+    }
+
+
+def _cost(run_dir: Path, state: dict, status: RunStatus, step, total, rate, now) -> dict[str, Any]:
+    """tokens/s of this attempt and GPU-hours so far / projected, from the run's own records."""
+    from . import estimate as est
+
+    gpus = int(state.get("gpu_count") or 0)
+    live = status in (RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.STARTING)
+    spans = est.attempt_spans(read_events(run_dir), now=(now or time.time()) if live else None)
+    busy = est.busy_seconds(spans)
+    so_far = est.gpu_hours(busy, gpus)
+    left = est.projected_hours(step, total, rate) if live else 0.0
+    tokens_per_second = None
+    out_dir = Path(state.get("output_dir") or "")
+    if live and (out_dir / "trainer_log.jsonl").exists():
+        records = prog.parse_trainer_log((out_dir / "trainer_log.jsonl").read_text(errors="replace"))
+        tokens_per_second = est.recent_rates(records).get("tokens_per_second")
+    return {
+        "tokens_per_second": tokens_per_second,
+        "wall_seconds": round(busy, 1),
+        "gpu_hours": round(so_far, 4),
+        "gpu_hours_projected": None if left is None else round(so_far + left * gpus, 4),
     }
 
 

@@ -1,0 +1,404 @@
+"""`ftlaunch estimate` and `ftlaunch plot`: the click edges of ftlaunch.estimate.
+
+Each command parses, calls the core (``estimate.build_estimate``) and the shells (``make_plan``,
+``count_tokens``, ``probe_throughput``), then renders. Heavy imports (matplotlib) happen inside the
+functions so that ``import ftlaunch.cli`` stays light. Registered in cli.py as
+``main.add_command(estimate_cmd, "estimate")`` and ``main.add_command(plot_cmd, "plot")``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .errors import FtlaunchError
+
+
+def _env() -> dict[str, str]:
+    """The environment is input, read in one place, at call time."""
+    return dict(os.environ)
+
+
+def _say(text: str) -> None:
+    click.echo(text, err=True)
+
+
+# ============================================================================================
+# estimate
+# ============================================================================================
+
+
+@click.command("estimate", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@click.option("--gpu", help="Estimate for a catalog card instead of this machine: A100-80GB, V100-32GBx4, none.")
+@click.option(
+    "--hardware",
+    "hardware_file",
+    type=click.Path(dir_okay=False),
+    help="Estimate for a machine captured with `ftlaunch env --json`.",
+)
+@click.option("--source-gpus", type=click.IntRange(min=1), help="GPUs the config was written for (default 1).")
+@click.option("--global-batch", type=click.IntRange(min=1), help="Source global batch, set directly.")
+@click.option("--headroom", type=click.FloatRange(0.0, 0.9), default=0.12, show_default=True)
+@click.option("--params", help="Model size when config.json is not at hand, e.g. 7B.")
+@click.option("--model-config", type=click.Path(dir_okay=False, exists=True), help="A config.json sizing the model.")
+@click.option(
+    "--probe-steps",
+    type=click.IntRange(min=2),
+    help="Also run N real optimizer steps here (scratch output_dir) and measure sustained throughput.",
+)
+@click.option(
+    "--warmup-steps",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="Probe steps run first and not measured.",
+)
+@click.option(
+    "--histogram",
+    type=click.Path(dir_okay=False),
+    help="Where to draw the length histogram (PNG); default $FTLAUNCH_HOME/estimates/<config>-lengths.png.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def estimate_cmd(
+    config: str,
+    overrides: tuple[str, ...],
+    gpu: str | None,
+    hardware_file: str | None,
+    source_gpus: int | None,
+    global_batch: int | None,
+    headroom: float,
+    params: str | None,
+    model_config: str | None,
+    probe_steps: int | None,
+    warmup_steps: int,
+    histogram: str | None,
+    as_json: bool,
+) -> None:
+    """Estimate CONFIG before training: exact tokens, lengths, padding, steps, memory, time, GPU-hours.
+
+    Token counts come from llamafactory's own preprocessing (template, cutoff, packing), run in a
+    child process. The time is a range: from a short real run with --probe-steps, else a guess from
+    the card's peak FLOP/s and a stated utilisation. Nothing is written to the config's output_dir.
+
+    \b
+    Examples:
+      ftlaunch estimate cfg.yaml
+      ftlaunch estimate cfg.yaml --gpu A100-80GB --json
+      ftlaunch estimate cfg.yaml --probe-steps 30 num_train_epochs=2
+    """
+    from . import estimate as est
+    from .runstore import home
+    from .service import PlanRequest, make_plan
+
+    if probe_steps and (gpu or hardware_file):
+        raise click.UsageError("--probe-steps measures this machine; it cannot be combined with --gpu or --hardware")
+    env = _env()
+    req = PlanRequest(
+        config=config,
+        overrides=tuple(overrides),
+        gpu=gpu,
+        hardware_file=hardware_file,
+        source_gpus=source_gpus,
+        global_batch=global_batch,
+        headroom=headroom,
+        params=params,
+        model_config=model_config,
+        strict_files=True,
+    )
+    _, p = make_plan(req, env)
+    values = dict(p.config)
+    scratch = home(env) / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))
+    _say("counting tokens with llamafactory's own preprocessing ...")
+    stats = est.count_tokens(values, env, work)  # on failure the log stays in `work` (named in the hint)
+    shutil.rmtree(work, ignore_errors=True)
+    probe = None
+    if probe_steps:
+        _say(f"probing: {warmup_steps} warm-up + {probe_steps} measured steps in a scratch output_dir ...")
+        probe = est.probe_throughput(values, env, probe_steps, warmup_steps, plan_env=p.env)
+    facts = _model_facts(values, p, req)
+    result = est.build_estimate(
+        stats,
+        micro_batch=p.micro_batch,
+        accumulation=p.accumulation,
+        world_size=p.world_size,
+        gpus=p.hardware.gpu_count,
+        values=values,
+        probe=probe,
+        shape=facts["shape"],
+        peak_tflops_per_gpu=facts["peak"],
+        checkpointing_off_fits=facts["ckpt_off_fits"],
+        checkpointing_off_note=facts["ckpt_off_note"],
+        extra={
+            "hardware": p.hardware.describe(),
+            "precision": p.precision,
+            "memory": dict(p.memory) if p.memory else None,
+            "plan_warnings": list(p.warnings),
+        },
+    )
+    out = result.to_dict()
+    hist = Path(histogram) if histogram else home(env) / "estimates" / f"{Path(config).stem}-lengths.png"
+    draw_histogram(stats, result.padding, hist)
+    out["histogram"] = str(hist)
+    if as_json:
+        click.echo(json.dumps(out, indent=2, default=str))
+    else:
+        _render(out)
+
+
+def _model_facts(values: Mapping[str, Any], p: Any, req: Any) -> dict[str, Any]:
+    """The model's shape, the card's peak, and whether checkpointing off fits (memory model)."""
+    from dataclasses import replace
+
+    from . import estimate as est
+    from .config import load_deepspeed
+    from .memory import estimate as memory_estimate
+    from .memory import setup_from_config, trainable_params
+    from .memplan import model_spec_for
+
+    facts: dict[str, Any] = {"shape": None, "peak": None, "ckpt_off_fits": None, "ckpt_off_note": ""}
+    if p.hardware.gpus:
+        facts["peak"] = est.peak_tflops(p.hardware.gpus[0].name, p.precision)
+    spec, _note = model_spec_for(values, req.params, req.model_config)
+    if spec is None:
+        return facts
+    setup = setup_from_config(dict(values), world_size=p.world_size, deepspeed_config=load_deepspeed(values))
+    facts["shape"] = est.model_shape(spec, trainable_params(spec, setup))
+    if p.hardware.gpus and setup.gradient_checkpointing:
+        off = memory_estimate(spec, replace(setup, gradient_checkpointing=False, micro_batch=p.micro_batch))
+        capacity = min(g.total_gib for g in p.hardware.gpus)
+        usable = capacity * (1 - req.headroom)
+        facts["ckpt_off_fits"] = off.peak_gib <= usable
+        facts["ckpt_off_note"] = (
+            f"predicted peak {off.peak_gib:.1f} GiB vs {usable:.1f} GiB usable at micro-batch {p.micro_batch}"
+        )
+    elif not p.hardware.gpus:
+        facts["ckpt_off_note"] = "CPU: host RAM is the limit"
+    return facts
+
+
+def _fmt_hours(pair: Sequence[float] | None) -> str:
+    if not pair:
+        return "-"
+    lo, hi = pair
+
+    def one(h: float) -> str:
+        return f"{h * 60:.1f} min" if h < 1 else f"{h:.1f} h"
+
+    return f"{one(lo)} - {one(hi)}"
+
+
+def _render(out: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .render import memory_table
+
+    console = Console()
+    pc = out["length_percentiles"]
+    data = Table(title=f"data (stage {out['stage']}, as llamafactory tokenizes it)", show_header=False)
+    data.add_column("what")
+    data.add_column("value", justify="right")
+    rows = [
+        ("samples", f"{out['samples']:,}"),
+        ("rows per epoch" + (" (packed)" if out["packing"] else ""), f"{out['rows']:,}"),
+        ("tokens per epoch (no padding)", f"{out['total_tokens']:,}"),
+        ("label tokens per epoch (trained on)", f"{out['label_tokens']:,}"),
+        ("length p50 / p90 / p99 / max", f"{pc['p50']} / {pc['p90']} / {pc['p99']} / {pc['max']}"),
+        ("cutoff_len", str(out["cutoff_len"])),
+        ("truncated by the cutoff", "-" if out["truncated"] is None else f"{out['truncated']:,}"),
+        (
+            f"padding at micro-batch {out['micro_batch']} ({out['sampling']})",
+            f"{out['padding_share']:.1%} without packing, {out['padding_share_packed']:.1%} with",
+        ),
+    ]
+    if out.get("eval_rows"):
+        rows.append(("eval rows / tokens", f"{out['eval_rows']:,} / {out['eval_tokens']:,}"))
+    for k, v in rows:
+        data.add_row(k, v)
+    console.print(data)
+    steps = Table(title="steps", show_header=False)
+    steps.add_column("what")
+    steps.add_column("value", justify="right")
+    steps.add_row("global batch (rows per optimizer step)", str(out["global_batch"]))
+    steps.add_row("optimizer steps per epoch", f"{out['steps_per_epoch']:,}")
+    steps.add_row("epochs", f"{out['epochs']:g}")
+    steps.add_row("optimizer steps in total", f"{out['optimizer_steps']:,}")
+    console.print(steps)
+    if out.get("memory"):
+        console.print(memory_table(out["memory"]))
+    else:
+        console.print(f"memory: not modelled for {out.get('hardware')} (the memory model is per GPU)")
+    t = Table(title=f"time on {out.get('hardware')} ({out['precision']})", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    t.add_row(
+        "source", {"probe": "measured (probe)", "peak-flops": "GUESS from peak FLOP/s"}.get(out["time_source"], "none")
+    )
+    if out.get("tokens_per_second") is not None:
+        t.add_row("sustained tokens/s", f"{out['tokens_per_second']:,.0f}")
+    if out.get("seconds_per_step") is not None:
+        t.add_row("seconds per optimizer step", f"{out['seconds_per_step']:.4g}")
+    t.add_row("wall time", _fmt_hours(out.get("wall_hours")))
+    gh = out.get("gpu_hours")
+    t.add_row(f"GPU-hours ({out['gpus']} GPU)", f"{gh[0]:.2f} - {gh[1]:.2f}" if gh else "-")
+    console.print(t)
+    console.print("[bold]assumptions[/bold]")
+    for a in out["assumptions"]:
+        console.print(f"  - {a}", highlight=False, markup=False)
+    if out["levers"]:
+        lv = Table(title="what would change it most")
+        lv.add_column("change")
+        lv.add_column("estimated effect")
+        for item in out["levers"]:
+            lv.add_row(item["change"], item["effect"])
+        console.print(lv)
+    for w in out.get("plan_warnings") or []:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    console.print(f"length histogram: {out['histogram']}", highlight=False)
+
+
+# ============================================================================================
+# plot
+# ============================================================================================
+
+
+@click.command("plot", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("run", required=False)
+@click.option("--out", type=click.Path(dir_okay=False), help="PNG to write; default <run dir>/progress.png.")
+def plot_cmd(run: str | None, out: str | None) -> None:
+    """Draw loss and throughput over steps for RUN as a PNG, with restarts marked.
+
+    RUN is a run id, a unique prefix of one or a run name (default: the latest run), or an
+    output_dir holding a trainer_log.jsonl.
+
+    \b
+    Examples:
+      ftlaunch plot
+      ftlaunch plot nightly --out nightly.png
+      ftlaunch plot saves/qwen3-sft
+    """
+    from . import estimate as est
+    from .progress import parse_trainer_log
+    from .runstore import find_run, read_events, read_state
+
+    env = _env()
+    events: list[dict[str, Any]] = []
+    if run and Path(run).is_dir() and (Path(run) / "trainer_log.jsonl").is_file():
+        output_dir = Path(run)
+        title = str(output_dir)
+        default_out = output_dir / "ftlaunch-progress.png"
+    else:
+        run_dir = find_run(env, run)
+        state = read_state(run_dir)
+        output_dir = Path(str(state.get("output_dir") or ""))
+        events = read_events(run_dir)
+        title = f"run {run_dir.name} ({state.get('name')})"
+        default_out = run_dir / "progress.png"
+    tlog = output_dir / "trainer_log.jsonl"
+    if not tlog.is_file():
+        raise FtlaunchError(f"no {tlog} yet", hint="the trainer writes it from its first logged step (logging_steps)")
+    segments = est.split_attempts(parse_trainer_log(tlog.read_text(errors="replace")))
+    if not segments:
+        raise FtlaunchError(f"{tlog} has no logged training steps yet")
+    path = Path(out) if out else default_out
+    draw_progress(segments, est.attempt_spans(events), path, title)
+    click.echo(f"wrote {path}")
+
+
+# ============================================================================================
+# drawing (matplotlib, imported lazily, Agg backend)
+# ============================================================================================
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise FtlaunchError("drawing needs matplotlib, which is not installed", hint="pip install matplotlib") from None
+    return plt
+
+
+def draw_histogram(stats: Any, padding: Any, path: Path) -> Path:
+    """The sample-length histogram (before the cutoff), with the cutoff and percentiles marked."""
+    from .estimate import length_percentiles
+
+    plt = _pyplot()
+    raw = list(stats.raw_lengths)
+    pc = length_percentiles(raw)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    if raw:
+        ax.hist(raw, bins=min(60, max(5, len(set(raw)))), color="#4c72b0", edgecolor="white")
+    ax.axvline(stats.cutoff_len, color="#c44e52", linewidth=2, label=f"cutoff_len {stats.cutoff_len}")
+    for key, style in (("p50", ":"), ("p90", "--"), ("p99", "-.")):
+        ax.axvline(pc[key], color="#555555", linestyle=style, label=f"{key} {pc[key]}")
+    trunc = stats.truncated
+    ax.set_title(
+        f"{stats.samples:,} samples, {stats.total_tokens:,} tokens"
+        + (f", {trunc:,} truncated" if trunc else "")
+        + f"; padding {padding.share:.0%} (packed {padding.share_packed:.0%}) at micro-batch {padding.micro_batch}"
+    )
+    ax.set_xlabel("tokens per sample (llamafactory's template, before the cutoff)")
+    ax.set_ylabel("samples")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def draw_progress(
+    segments: Sequence[Sequence[Mapping[str, Any]]], spans: Sequence[Mapping[str, Any]], path: Path, title: str
+) -> Path:
+    """Loss and throughput over steps, one line per attempt, restarts as dashed vertical lines."""
+    from .estimate import rate_series
+
+    plt = _pyplot()
+    fig, (ax_loss, ax_rate) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
+    rate_label = "steps/s"
+    for i, seg in enumerate(segments):
+        attempt = spans[i]["attempt"] if len(spans) == len(segments) and spans[i].get("attempt") else i + 1
+        steps = [int(r["current_steps"]) for r in seg]
+        ax_loss.plot(steps, [float(r["loss"]) for r in seg], label=f"attempt {attempt}", linewidth=1.2)
+        rate_label, series = rate_series(seg)
+        if series:
+            ax_rate.plot([s for s, _ in series], [v for _, v in series], label=f"attempt {attempt}", linewidth=1.2)
+        if i > 0:
+            x = steps[0] - 1  # a resumed attempt logs from the checkpoint's step + 1
+            for ax in (ax_loss, ax_rate):
+                ax.axvline(x, color="#c44e52", linestyle="--", linewidth=1)
+            ax_loss.annotate(
+                f"restart (attempt {attempt})",
+                (x, 1.0),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                va="top",
+                ha="right",
+                fontsize=8,
+                color="#c44e52",
+            )
+    ax_loss.set_ylabel("loss")
+    ax_rate.set_ylabel(rate_label)
+    ax_rate.set_xlabel("optimizer step")
+    ax_loss.set_title(title)
+    if len(segments) > 1:
+        ax_loss.legend(loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
