@@ -476,20 +476,28 @@ def stop(run: str | None, grace: float) -> None:
 
 
 @main.command()
-@click.argument("run", required=False)
+@click.argument("args", nargs=-1)
 @click.option("--foreground", is_flag=True, help="Run attached instead of detached.")
 @click.option("--follow", "-f", is_flag=True, help="Follow the log after resuming.")
-def resume(run: str | None, foreground: bool, follow: bool) -> None:
+def resume(args: tuple[str, ...], foreground: bool, follow: bool) -> None:
     """Re-attach to RUN if alive; else restart it from its last complete checkpoint.
 
+    ARGS: [RUN] [key=value ...]. Overrides change the run's adapted config before it restarts
+    (a run that gave up, resumed by hand after a change); the global batch should stay the same.
+
     \b
-    Example:
+    Examples:
       ftlaunch resume            # after SSH loss, a reboot or `ftlaunch stop`
+      ftlaunch resume nightly per_device_train_batch_size=1 gradient_accumulation_steps=64
     """
     from .service import resolve_run, resume_run
 
-    run_dir = resolve_run(_env(), run)
-    what, value = resume_run(run_dir, _env(), foreground=foreground)
+    runs = [a for a in args if "=" not in a]
+    overrides = tuple(a for a in args if "=" in a)
+    if len(runs) > 1:
+        raise click.UsageError(f"one RUN at most, got {', '.join(runs)}")
+    run_dir = resolve_run(_env(), runs[0] if runs else None)
+    what, value = resume_run(run_dir, _env(), foreground=foreground, overrides=overrides)
     if what == "alive":
         click.echo(f"run {run_dir.name} is alive (supervisor pid {value}); following its log")
         if sys.stdout.isatty() or follow:

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import progress as prog
 from .config import PATH_KEYS, LoadedConfig, dump_yaml, load_config, load_deepspeed, resolve_paths
-from .errors import ConfigError, HardwareError, StateError
+from .errors import BusyError, ConfigError, HardwareError, StateError
 from .hardware import Hardware, catalog_hardware, gpu_memory_of, load_hardware_file, probe
 from .launch import find_trainer, public_env
 from .memory_store import config_key, recall
@@ -326,7 +326,10 @@ def stop_run(run_dir: Path, grace: float = 30.0) -> str:
     status = RunStatus(state.get("status", "lost"))
     live = liveness(state.get("pid"), state.get("pid_start"))
     trainer_live = liveness(state.get("trainer_pid"), state.get("trainer_start"))
-    if status.is_terminal() and live is not Liveness.ALIVE and trainer_live is not Liveness.ALIVE:
+    if status.is_terminal():
+        # Its supervisor is done (a terminal status is its last write); only an orphan trainer could be left.
+        if trainer_live is Liveness.ALIVE:
+            terminate_group(state["trainer_pid"], grace=grace)
         return f"run {run_dir.name} already {status.value}"
     if live is Liveness.ALIVE:
         os.kill(state["pid"], signal.SIGTERM)
@@ -351,21 +354,34 @@ def resolve_run(env: Mapping[str, str], ref: str | None) -> Path:
     return find_run(env, ref)
 
 
-def resume_run(run_dir: Path, env: Mapping[str, str], *, foreground: bool = False) -> tuple[str, int]:
-    """Re-attach if alive; restart from the last complete checkpoint if the run died."""
+def resume_run(
+    run_dir: Path, env: Mapping[str, str], *, foreground: bool = False, overrides: tuple[str, ...] = ()
+) -> tuple[str, int]:
+    """Re-attach if alive; restart from the last complete checkpoint if the run died.
+
+    ``overrides`` (key=value) edit the run's adapted config first; refused while the run is alive."""
     try:
         state = read_state(run_dir)
     except StateError:
         state = rebuild_state(run_dir)
     status = RunStatus(state.get("status", "lost"))
     live = liveness(state.get("pid"), state.get("pid_start"))
-    if live is Liveness.ALIVE or live is Liveness.UNKNOWN:
+    # A terminal status is written by the supervisor as its last act: its pid no longer matters
+    # (a foreground run's "supervisor" was the ftlaunch process itself, which may live on).
+    if not status.is_terminal() and live in (Liveness.ALIVE, Liveness.UNKNOWN):
+        if overrides:
+            raise BusyError(
+                f"run {run_dir.name} is alive: its config cannot change under it",
+                hint=f"stop it first (`ftlaunch stop {run_dir.name}`), then resume with the change",
+            )
         return "alive", int(state.get("pid") or 0)
     if status is RunStatus.SUCCEEDED:
         return "finished", 0
     trainer_live = liveness(state.get("trainer_pid"), state.get("trainer_start"))
     if trainer_live is not Liveness.DEAD:
         terminate_group(state["trainer_pid"], grace=30)  # an orphan from a killed supervisor
+    if overrides:
+        edit_run_config(run_dir, overrides)
     out = Path(state.get("output_dir") or "")
     last = prog.last_complete_checkpoint(out)
     # A run that gave up gets a fresh budget: the user changed something, or wants another go.
@@ -378,6 +394,33 @@ def resume_run(run_dir: Path, env: Mapping[str, str], *, foreground: bool = Fals
 
         return "foreground", Supervisor(run_dir, env, echo=True).run()
     return "restarted", start_detached(run_dir, env)
+
+
+def edit_run_config(run_dir: Path, overrides: tuple[str, ...]) -> dict[str, Any]:
+    """Apply key=value overrides to a run's adapted config (validated; written atomically)."""
+    import yaml
+
+    from .config import parse_overrides, read_header, validate_keys
+    from .runstore import write_text_atomic
+
+    values, problems = parse_overrides(overrides)
+    problems += validate_keys(values)
+    if problems:
+        raise ConfigError(problems)
+    text = (run_dir / "config.yaml").read_text()
+    config = yaml.safe_load(text) or {}
+    before = {k: config.get(k) for k in values}
+    config.update(values)
+    write_text_atomic(run_dir / "config.yaml", dump_yaml(config, read_header(text)))
+    append_event(run_dir, "config_edited", before=before, after=values)
+    fields: dict[str, Any] = {}
+    if "per_device_train_batch_size" in values:
+        fields["micro_batch"] = values["per_device_train_batch_size"]
+    if "gradient_accumulation_steps" in values:
+        fields["accumulation"] = values["gradient_accumulation_steps"]
+    if fields:
+        update_state(run_dir, **fields)
+    return config
 
 
 def rebuild_state(run_dir: Path) -> dict[str, Any]:

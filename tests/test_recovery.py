@@ -200,3 +200,20 @@ def test_half_written_checkpoint_is_moved_aside_not_deleted(tmp_path):
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     started = [e for e in events if e["event"] == "attempt_started"]
     assert started[1]["resume_from"] == "checkpoint-4"
+
+
+def test_a_run_that_gave_up_resumes_by_hand_after_a_change(tmp_path):
+    from ftlaunch.errors import ConfigError
+    from ftlaunch.service import resume_run
+
+    run_dir, env = make_run(
+        tmp_path, [{"oom": True}, {"ok": True}], {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8}
+    )
+    assert Supervisor(run_dir, env, poll=0.05).run() == 1
+    with pytest.raises(ConfigError, match="cutof_len"):
+        resume_run(run_dir, env, foreground=True, overrides=("cutof_len=64",))
+    what, code = resume_run(run_dir, env, foreground=True, overrides=("cutoff_len=64",))
+    assert (what, code) == ("foreground", 0)
+    assert configs_seen(tmp_path)[-1]["cutoff_len"] == 64
+    assert read_state(run_dir)["status"] == "succeeded"
+    assert "config_edited" in (run_dir / "events.jsonl").read_text()
