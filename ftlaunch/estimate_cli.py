@@ -1,9 +1,9 @@
 """`ftlaunch estimate` and `ftlaunch plot`: the click edges of ftlaunch.estimate.
 
 Each command parses, calls the core (``estimate.build_estimate``) and the shells (``make_plan``,
-``count_tokens``, ``probe_throughput``), then renders. Heavy imports (matplotlib) happen inside the
-functions so that ``import ftlaunch.cli`` stays light. Registered in cli.py as
-``main.add_command(estimate_cmd, "estimate")`` and ``main.add_command(plot_cmd, "plot")``.
+``estimate_run.count_tokens``, ``estimate_run.probe_throughput``), then renders. Heavy imports
+(matplotlib) happen inside the functions so that ``import ftlaunch.cli`` stays light. Registered in
+cli.py as ``main.add_command(estimate_cmd, "estimate")`` and ``main.add_command(plot_cmd, "plot")``.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ def estimate_cmd(
       ftlaunch estimate cfg.yaml --probe-steps 30 num_train_epochs=2
     """
     from . import estimate as est
+    from . import estimate_run
     from .runstore import home
     from .service import PlanRequest, make_plan
 
@@ -120,12 +121,12 @@ def estimate_cmd(
     scratch.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))
     _say("counting tokens with llamafactory's own preprocessing ...")
-    stats = est.count_tokens(values, env, work)  # on failure the log stays in `work` (named in the hint)
+    stats = estimate_run.count_tokens(values, env, work)  # on failure the log stays in `work` (named in the hint)
     shutil.rmtree(work, ignore_errors=True)
     probe = None
     if probe_steps:
         _say(f"probing: {warmup_steps} warm-up + {probe_steps} measured steps in a scratch output_dir ...")
-        probe = est.probe_throughput(values, env, probe_steps, warmup_steps, plan_env=p.env)
+        probe = estimate_run.probe_throughput(values, env, probe_steps, warmup_steps, plan_env=p.env)
     facts = _model_facts(values, p, req)
     result = est.build_estimate(
         stats,
@@ -160,7 +161,7 @@ def _model_facts(values: Mapping[str, Any], p: Any, req: Any) -> dict[str, Any]:
     """The model's shape, the card's peak, and whether checkpointing off fits (memory model)."""
     from dataclasses import replace
 
-    from . import estimate as est
+    from . import throughput
     from .config import load_deepspeed
     from .memory import estimate as memory_estimate
     from .memory import setup_from_config, trainable_params
@@ -168,12 +169,12 @@ def _model_facts(values: Mapping[str, Any], p: Any, req: Any) -> dict[str, Any]:
 
     facts: dict[str, Any] = {"shape": None, "peak": None, "ckpt_off_fits": None, "ckpt_off_note": ""}
     if p.hardware.gpus:
-        facts["peak"] = est.peak_tflops(p.hardware.gpus[0].name, p.precision)
+        facts["peak"] = throughput.peak_tflops(p.hardware.gpus[0].name, p.precision)
     spec, _note = model_spec_for(values, req.params, req.model_config)
     if spec is None:
         return facts
     setup = setup_from_config(dict(values), world_size=p.world_size, deepspeed_config=load_deepspeed(values))
-    facts["shape"] = est.model_shape(spec, trainable_params(spec, setup))
+    facts["shape"] = throughput.model_shape(spec, trainable_params(spec, setup))
     if p.hardware.gpus and setup.gradient_checkpointing:
         off = memory_estimate(spec, replace(setup, gradient_checkpointing=False, micro_batch=p.micro_batch))
         capacity = min(g.total_gib for g in p.hardware.gpus)
@@ -334,7 +335,7 @@ def _pyplot() -> Any:
 
 def draw_histogram(stats: Any, padding: Any, path: Path) -> Path:
     """The sample-length histogram (before the cutoff), with the cutoff and percentiles marked."""
-    from .estimate import length_percentiles
+    from .padding import length_percentiles
 
     plt = _pyplot()
     raw = list(stats.raw_lengths)

@@ -1,14 +1,16 @@
 """Scheduled, unattended retraining: ``ftlaunch schedule add|list|remove|run``.
 
+Cron expressions live in ``ftlaunch.cron``, the crontab line and table in ``ftlaunch.crontab``.
 Pure core (no files, no clock, no environment):
-  cron expressions (``parse_cron``, ``next_fire``; a standard 5-field parser: no cron library is a
-  dependency of ftlaunch), crontab text editing (``add_entry``, ``remove_entry``: one marked line,
-  every other byte untouched), the cron line and systemd units, version naming, the prune choice.
+  the command cron runs (``run_argv``, the carried environment, no secrets), the systemd units,
+  version naming, the prune choice, the notification summary.
 Shells:
-  the ``crontab`` executable (``-l`` / ``-``), the registry ``$FTLAUNCH_HOME/schedules/<name>.json``
-  (replaced atomically), a non-blocking flock per schedule (``$FTLAUNCH_HOME/locks``), the content
-  hash of config + dataset files, notifiers (HTTP POST or a command), and ``run_schedule``, which
-  trains one version in the foreground under the Supervisor.
+  the registry ``$FTLAUNCH_HOME/schedules/<name>.json`` (replaced atomically), a non-blocking flock
+  per schedule (``$FTLAUNCH_HOME/locks``), the content hash of config + dataset files, notifiers
+  (HTTP POST or a command).
+Use cases:
+  ``add_schedule``, ``remove_schedule``, ``list_views`` and ``run_schedule``, which trains one
+  version in the foreground under the Supervisor.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -27,12 +28,14 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import BusyError, ConfigError, ExitCode, FtlaunchError, RunNotFoundError, StateError
+from .cron import Cron, ScheduleError, next_fire, on_calendar, parse_cron
+from .crontab import Crontab, CrontabError, add_entry, cron_line, find_crontab, remove_entry
+from .errors import BusyError, ConfigError, FtlaunchError, RunNotFoundError, StateError
 from .launch import SECRET_ENV
 from .locks import try_flock
 from .runstore import home, now_iso, write_json_atomic
@@ -40,8 +43,6 @@ from .runstore import home, now_iso, write_json_atomic
 SCHEDULE_VERSION = 1
 HISTORY_MAX = 200
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-MARK = "ftlaunch-schedule:"
-MARK_RE = re.compile(r"(?:^|\s)#\s?" + re.escape(MARK) + r"(?P<name>[A-Za-z0-9_.-]+)\s*$")
 # Environment carried into the cron line: where state and caches live, which trainer and GPUs.
 # An allowlist, so that no secret (HF_TOKEN, WANDB_API_KEY, ...) can ever reach the crontab.
 CARRY_ENV = (
@@ -56,216 +57,7 @@ CARRY_ENV = (
 )
 
 
-class ScheduleError(FtlaunchError):
-    """Bad input to `schedule`: a cron expression, a name, a duplicate. A usage error (2)."""
-
-    exit_code = ExitCode.USAGE
-
-
-class CrontabError(FtlaunchError):
-    """The crontab executable is missing or refused the new table."""
-
-    exit_code = ExitCode.FAILED
-
-
-# ---------------------------------------------------------------- cron expressions (pure)
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    lo: int
-    hi: int
-    names: Mapping[str, int] = field(default_factory=dict)
-
-
-MONTHS = {m: i + 1 for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split())}
-WEEKDAYS = {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}
-FIELDS = (
-    _Field("minute", 0, 59),
-    _Field("hour", 0, 23),
-    _Field("day of month", 1, 31),
-    _Field("month", 1, 12, MONTHS),
-    _Field("day of week", 0, 7, WEEKDAYS),  # 0 and 7 are both Sunday
-)
-MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-
-
-@dataclass(frozen=True)
-class Cron:
-    """A parsed 5-field cron expression, with Vixie cron's day-of-month/day-of-week rule."""
-
-    text: str
-    minutes: frozenset[int]
-    hours: frozenset[int]
-    days: frozenset[int]
-    months: frozenset[int]
-    weekdays: frozenset[int]  # 0 = Sunday .. 6 = Saturday
-    days_star: bool  # the field starts with '*': then both day fields must match, else either
-    weekdays_star: bool
-
-    def day_matches(self, d: date) -> bool:
-        dom = d.day in self.days
-        dow = d.isoweekday() % 7 in self.weekdays
-        if self.days_star or self.weekdays_star:
-            return dom and dow
-        return dom or dow
-
-
-def _value(token: str, f: _Field, problems: list[str], item: str) -> int | None:
-    if token.isdigit():
-        v = int(token)
-    elif token.lower() in f.names:
-        v = f.names[token.lower()]
-    else:
-        problems.append(f"{f.name}: {item!r} is not a number{' or a name' if f.names else ''}")
-        return None
-    if not f.lo <= v <= f.hi:
-        problems.append(f"{f.name}: {v} is out of range {f.lo}-{f.hi}")
-        return None
-    return v
-
-
-def _parse_field(text: str, f: _Field, problems: list[str]) -> frozenset[int]:
-    values: set[int] = set()
-    for item in text.split(","):
-        if not item:
-            problems.append(f"{f.name}: empty item in {text!r}")
-            continue
-        base, slash, step_text = item.partition("/")
-        step = 1
-        if slash:
-            if not step_text.isdigit() or int(step_text) == 0:
-                problems.append(f"{f.name}: step {step_text!r} in {item!r} must be a positive number")
-                continue
-            step = int(step_text)
-        if base == "*":
-            lo, hi = f.lo, f.hi
-        elif "-" in base:
-            a, _, b = base.partition("-")
-            lo_v, hi_v = _value(a, f, problems, item), _value(b, f, problems, item)
-            if lo_v is None or hi_v is None:
-                continue
-            if lo_v > hi_v:
-                problems.append(f"{f.name}: range {item!r} runs backwards")
-                continue
-            lo, hi = lo_v, hi_v
-        else:
-            v = _value(base, f, problems, item)
-            if v is None:
-                continue
-            lo, hi = v, (f.hi if slash else v)  # "5/15" means 5-max/15, as in cronie
-        values.update(range(lo, hi + 1, step))
-    if f.name == "day of week" and 7 in values:
-        values = (values - {7}) | {0}
-    return frozenset(values)
-
-
-def parse_cron(text: str) -> Cron:
-    """Parse a standard cron expression; raise ScheduleError listing every problem."""
-    normal = " ".join(text.split())
-    expanded = MACROS.get(normal.lower(), normal)
-    if normal.lower() == "@reboot":
-        raise ScheduleError("cron expression '@reboot' is not a time", hint='give a time, e.g. --cron "0 2 * * *"')
-    if expanded.startswith("@"):
-        raise ScheduleError(
-            f"cron expression {text!r}: unknown macro", hint=f"macros: {', '.join(sorted(MACROS))}, or 5 fields"
-        )
-    parts = expanded.split()
-    if len(parts) != 5:
-        raise ScheduleError(
-            f"cron expression {text!r} has {len(parts)} field(s), not 5",
-            hint='minute hour day-of-month month day-of-week, e.g. "0 2 * * *" (every night at 02:00)',
-        )
-    problems: list[str] = []
-    sets = [_parse_field(p, f, problems) for p, f in zip(parts, FIELDS, strict=True)]
-    if problems:
-        raise ScheduleError(
-            f"cron expression {text!r}: " + "; ".join(problems),
-            hint='minute hour day-of-month month day-of-week, e.g. "0 2 * * *" or "30 3 * * mon-fri"',
-        )
-    cron = Cron(normal, *sets, days_star=parts[2].startswith("*"), weekdays_star=parts[4].startswith("*"))
-    if next_fire(cron, datetime(2000, 1, 1)) is None:
-        raise ScheduleError(f"cron expression {text!r} never fires (no such date)", hint="check day and month")
-    return cron
-
-
-def next_fire(cron: Cron, after: datetime) -> datetime | None:
-    """The first minute strictly after ``after`` that the expression matches (same tz as ``after``)."""
-    t = after.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    limit = t + timedelta(days=366 * 8)  # covers 29 February on a given weekday
-    while t < limit:
-        if t.month not in cron.months:
-            t = (t.replace(day=1, hour=0, minute=0) + timedelta(days=32)).replace(day=1)
-        elif not cron.day_matches(t.date()):
-            t = t.replace(hour=0, minute=0) + timedelta(days=1)
-        elif t.hour not in cron.hours:
-            t = t.replace(minute=0) + timedelta(hours=1)
-        elif t.minute not in cron.minutes:
-            t += timedelta(minutes=1)
-        else:
-            return t
-    return None
-
-
-# ---------------------------------------------------------------- crontab text (pure)
-
-
-def _lines(text: str) -> list[str]:
-    """Split keeping every byte: joining the result gives ``text`` back exactly."""
-    parts = text.split("\n")
-    out = [p + "\n" for p in parts[:-1]]
-    if parts[-1]:
-        out.append(parts[-1])
-    return out
-
-
-def entry_name(line: str) -> str | None:
-    """The schedule a crontab line belongs to, from its trailing marker; None for foreign lines."""
-    if line.lstrip().startswith("#"):
-        return None  # a comment (perhaps a disabled copy of ours) belongs to the user
-    m = MARK_RE.search(line.rstrip("\n"))
-    return m.group("name") if m else None
-
-
-def entries(text: str) -> dict[str, str]:
-    return {n: line for line in _lines(text) if (n := entry_name(line))}
-
-
-def add_entry(text: str, name: str, line: str) -> str:
-    """Append one marked line. A missing final newline is added first (cron needs it)."""
-    if name in entries(text):
-        raise ScheduleError(
-            f"the crontab already has an entry for schedule {name!r}",
-            hint=f"`ftlaunch schedule remove {name}` removes it",
-        )
-    if entry_name(line) != name or "\n" in line:
-        raise ValueError("a schedule entry is one line ending with its marker")
-    if text and not text.endswith("\n"):
-        text += "\n"
-    return text + line + "\n"
-
-
-def remove_entry(text: str, name: str) -> tuple[str, int]:
-    """Drop the lines marked for ``name``; every other line stays byte for byte."""
-    kept, removed = [], 0
-    for line in _lines(text):
-        if entry_name(line) == name:
-            removed += 1
-        else:
-            kept.append(line)
-    return "".join(kept), removed
-
-
-# ---------------------------------------------------------------- the command cron runs (pure)
+# ---------------------------------------------------------------- the command cron runs, its systemd units (pure)
 
 
 def run_argv(name: str, python: str) -> list[str]:
@@ -290,14 +82,6 @@ def log_path(env: Mapping[str, str], name: str) -> Path:
     return home(env) / "schedules" / f"{name}.log"
 
 
-def cron_line(cron: Cron, name: str, argv: Sequence[str], env: Mapping[str, str], log: Path) -> str:
-    """One crontab line: ``<when> K=V ... <argv> >> <log> 2>&1 # ftlaunch-schedule:<name>``."""
-    words = [f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.quote(a) for a in argv]
-    command = " ".join(words) + f" >> {shlex.quote(str(log))} 2>&1"
-    command = command.replace("%", "\\%")  # cron turns a bare % into a newline
-    return f"{cron.text} {command} # {MARK}{name}"
-
-
 def check_no_secrets(text: str, env: Mapping[str, str]) -> None:
     for key in SECRET_ENV:
         value = env.get(key)
@@ -310,22 +94,6 @@ def _systemd_word(arg: str) -> str:
     if arg and not re.search(r"[\s\"'\\;]", arg):
         return arg
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def on_calendar(cron: Cron) -> list[str]:
-    """systemd OnCalendar= values for a cron expression (two when either day field may match)."""
-
-    def part(values: frozenset[int], lo: int, hi: int) -> str:
-        return "*" if values >= set(range(lo, hi + 1)) else ",".join(f"{v:02d}" for v in sorted(values))
-
-    hm = f"{part(cron.hours, 0, 23)}:{part(cron.minutes, 0, 59)}:00"
-    month = part(cron.months, 1, 12)
-    days = part(cron.days, 1, 31)
-    names = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
-    weekdays = "" if cron.weekdays >= set(range(7)) else ",".join(names[d] for d in sorted(cron.weekdays)) + " "
-    if cron.days_star or cron.weekdays_star or not weekdays or days == "*":
-        return [f"{weekdays}*-{month}-{days} {hm}"]
-    return [f"*-{month}-{days} {hm}", f"{weekdays}*-{month}-* {hm}"]  # cron: either day field matches
 
 
 def systemd_units(cron: Cron, name: str, argv: Sequence[str], env: Mapping[str, str], log: Path) -> dict[str, str]:
@@ -505,40 +273,6 @@ def acquire_run_lock(env: Mapping[str, str], name: str) -> IO[str]:
             hint="the next scheduled time will run it; `ftlaunch runs` shows the live run",
         )
     return got
-
-
-# ---------------------------------------------------------------- crontab executable (shell)
-
-
-@dataclass(frozen=True)
-class Crontab:
-    """The user's crontab through the real interface: ``crontab -l`` and ``crontab -``."""
-
-    exe: str
-    env: Mapping[str, str]
-
-    def read(self) -> str:
-        r = subprocess.run([self.exe, "-l"], env=dict(self.env), capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            if "no crontab" in (r.stderr + r.stdout).lower():
-                return ""
-            raise CrontabError(f"`crontab -l` failed ({r.returncode}): {r.stderr.strip()}", hint=_PRINT_HINT)
-        return r.stdout
-
-    def write(self, text: str) -> None:
-        r = subprocess.run([self.exe, "-"], input=text, env=dict(self.env), capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            raise CrontabError(f"`crontab -` refused the table ({r.returncode}): {r.stderr.strip()}", hint=_PRINT_HINT)
-
-
-_PRINT_HINT = "`ftlaunch schedule add ... --print` prints the line and systemd units to install yourself"
-
-
-def find_crontab(env: Mapping[str, str]) -> Crontab:
-    exe = shutil.which("crontab", path=env.get("PATH"))
-    if exe is None:
-        raise CrontabError("no `crontab` executable on PATH (is cron installed?)", hint=_PRINT_HINT)
-    return Crontab(os.path.abspath(exe), env)
 
 
 # ---------------------------------------------------------------- files (shell)

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch import estimate as est
+from ftlaunch import estimate_run as est_run
+from ftlaunch import padding as est_pad
 
 from .conftest import tiny_config, venv_bin, write_yaml
 
@@ -188,8 +189,8 @@ def test_padded_tokens_equal_the_trainers_count_with_sequential_batches(tiny, tm
             save_strategy="no",
         ),
     )
-    stats = est.count_tokens(_yaml(cfg), env, tmp_path / "count")
-    padding = est.padding_for(stats, micro_batch=4, sampling=est.sampling_of(_yaml(cfg)))
+    stats = est_run.count_tokens(_yaml(cfg), env, tmp_path / "count")
+    padding = est_pad.padding_for(stats, micro_batch=4, sampling=est_pad.sampling_of(_yaml(cfg)))
     assert padding.sampling == "sequential"
     train(cfg, env=env)
     # every micro-batch padded to a multiple of 8 of its longest sample, exactly as predicted

@@ -14,12 +14,15 @@ import pytest
 from click.testing import CliRunner
 
 from ftlaunch import estimate as est
+from ftlaunch import estimate_run as est_run
+from ftlaunch import padding as est_pad
+from ftlaunch import throughput as est_tp
 from ftlaunch.estimate_cli import estimate_cmd, plot_cmd
 
 
 def stats_of(lengths, *, cutoff=64, packing=False, raw=None, rows=None, labels=None, stage="sft", **kw):
     lengths = tuple(lengths)
-    return est.TokenStats(
+    return est_pad.TokenStats(
         stage=stage,
         cutoff_len=cutoff,
         packing=packing,
@@ -37,11 +40,11 @@ def stats_of(lengths, *, cutoff=64, packing=False, raw=None, rows=None, labels=N
 
 
 def test_percentiles_nearest_rank():
-    assert est.length_percentiles(range(1, 101)) == {"p50": 50, "p90": 90, "p99": 99, "max": 100}
-    assert est.length_percentiles([7]) == {"p50": 7, "p90": 7, "p99": 7, "max": 7}
-    assert est.length_percentiles([]) == {"p50": 0, "p90": 0, "p99": 0, "max": 0}
+    assert est_pad.length_percentiles(range(1, 101)) == {"p50": 50, "p90": 90, "p99": 99, "max": 100}
+    assert est_pad.length_percentiles([7]) == {"p50": 7, "p90": 7, "p99": 7, "max": 7}
+    assert est_pad.length_percentiles([]) == {"p50": 0, "p90": 0, "p99": 0, "max": 0}
     # ten values: p90 is the 9th, p99 the 10th
-    assert est.length_percentiles([5, 1, 9, 3, 7, 2, 8, 4, 6, 10]) == {"p50": 5, "p90": 9, "p99": 10, "max": 10}
+    assert est_pad.length_percentiles([5, 1, 9, 3, 7, 2, 8, 4, 6, 10]) == {"p50": 5, "p90": 9, "p99": 10, "max": 10}
 
 
 # ---------------------------------------------------------------- padding without packing
@@ -52,9 +55,9 @@ def test_expected_batch_max_matches_enumeration():
     for b in (1, 2, 3, 7):
         for m in (1, 8):
             subsets = list(itertools.combinations(lengths, b))
-            want = sum(est.round_up(max(s), m) for s in subsets) / len(subsets)
-            assert est.expected_batch_max(lengths, b, m) == pytest.approx(want, rel=1e-12)
-    assert est.expected_batch_max([1, 2, 3], 2) == pytest.approx(8 / 3)
+            want = sum(est_pad.round_up(max(s), m) for s in subsets) / len(subsets)
+            assert est_pad.expected_batch_max(lengths, b, m) == pytest.approx(want, rel=1e-12)
+    assert est_pad.expected_batch_max([1, 2, 3], 2) == pytest.approx(8 / 3)
 
 
 def test_random_padding_equals_the_average_over_every_shuffle():
@@ -63,31 +66,31 @@ def test_random_padding_equals_the_average_over_every_shuffle():
     b, m = 2, 8
     total = count = 0
     for perm in itertools.permutations(lengths):
-        total += sum(len(perm[i : i + b]) * est.round_up(max(perm[i : i + b]), m) for i in range(0, len(perm), b))
+        total += sum(len(perm[i : i + b]) * est_pad.round_up(max(perm[i : i + b]), m) for i in range(0, len(perm), b))
         count += 1
-    assert est.padded_tokens(lengths, b, m, "random") == pytest.approx(total / count, rel=1e-12)
-    assert est.padding_share(lengths, b, m) == pytest.approx(1 - sum(lengths) / (total / count))
+    assert est_pad.padded_tokens(lengths, b, m, "random") == pytest.approx(total / count, rel=1e-12)
+    assert est_pad.padding_share(lengths, b, m) == pytest.approx(1 - sum(lengths) / (total / count))
 
 
 def test_padding_share_hand_cases():
-    assert est.padding_share([16] * 10, 4, 8) == 0.0  # equal lengths, multiples of 8: nothing to pad
-    assert est.padding_share([8, 16], 2, 1) == pytest.approx(0.25)  # 8 of 32 computed tokens
-    assert est.padding_share([8, 16], 1, 1) == 0.0  # micro-batch 1: no padding ...
-    assert est.padding_share([5] * 4, 1, 8) == pytest.approx(3 / 8)  # ... except to the multiple of 8
-    assert est.padding_share([], 4) == 0.0
+    assert est_pad.padding_share([16] * 10, 4, 8) == 0.0  # equal lengths, multiples of 8: nothing to pad
+    assert est_pad.padding_share([8, 16], 2, 1) == pytest.approx(0.25)  # 8 of 32 computed tokens
+    assert est_pad.padding_share([8, 16], 1, 1) == 0.0  # micro-batch 1: no padding ...
+    assert est_pad.padding_share([5] * 4, 1, 8) == pytest.approx(3 / 8)  # ... except to the multiple of 8
+    assert est_pad.padding_share([], 4) == 0.0
 
 
 def test_sequential_and_length_grouped_padding_are_exact():
     # sequential: batches [10, 20] and [30, 40] -> 2*20 + 2*40 = 120 computed for 100 real
-    assert est.padded_tokens([10, 20, 30, 40], 2, 1, "sequential") == 120
-    assert est.padding_share([10, 20, 30, 40], 2, 1, "sequential") == pytest.approx(1 / 6)
+    assert est_pad.padded_tokens([10, 20, 30, 40], 2, 1, "sequential") == 120
+    assert est_pad.padding_share([10, 20, 30, 40], 2, 1, "sequential") == pytest.approx(1 / 6)
     # another order: [40, 10] [30, 20] -> 80 + 60 = 140
-    assert est.padded_tokens([40, 10, 30, 20], 2, 1, "sequential") == 140
+    assert est_pad.padded_tokens([40, 10, 30, 20], 2, 1, "sequential") == 140
     # grouped by length: sorted first, back to 120; a short last batch counts its own size
-    assert est.padded_tokens([40, 10, 30, 20], 2, 1, "group_by_length") == 120
-    assert est.padded_tokens([10, 20, 30], 2, 8, "sequential") == 2 * 24 + 1 * 32
+    assert est_pad.padded_tokens([40, 10, 30, 20], 2, 1, "group_by_length") == 120
+    assert est_pad.padded_tokens([10, 20, 30], 2, 8, "sequential") == 2 * 24 + 1 * 32
     with pytest.raises(ValueError):
-        est.padded_tokens([1], 1, 1, "shuffled")
+        est_pad.padded_tokens([1], 1, 1, "shuffled")
 
 
 # ---------------------------------------------------------------- packing
@@ -95,36 +98,41 @@ def test_sequential_and_length_grouped_padding_are_exact():
 
 def test_greedy_knapsack_matches_llamafactorys_algorithm():
     # largest first that fits, then the largest that fits the rest
-    assert est.greedy_knapsack([9, 1, 8, 2, 7, 3], 10) == [[9, 1], [8, 2], [7, 3]]
-    assert est.greedy_knapsack([5, 5, 5, 5], 10) == [[5, 5], [5, 5]]
-    assert est.greedy_knapsack([6, 6, 6], 10) == [[6], [6], [6]]
-    assert est.greedy_knapsack([11, 4], 10) == [[4]]  # over capacity: llamafactory drops it first
+    assert est_pad.greedy_knapsack([9, 1, 8, 2, 7, 3], 10) == [[9, 1], [8, 2], [7, 3]]
+    assert est_pad.greedy_knapsack([5, 5, 5, 5], 10) == [[5, 5], [5, 5]]
+    assert est_pad.greedy_knapsack([6, 6, 6], 10) == [[6], [6], [6]]
+    assert est_pad.greedy_knapsack([11, 4], 10) == [[4]]  # over capacity: llamafactory drops it first
 
 
 def test_map_batches_follow_datasets_sharding():
-    assert est.map_batches(2500, 1000, 1) == [range(0, 1000), range(1000, 2000), range(2000, 2500)]
-    assert est.map_batches(2500, 1000, 2) == [range(0, 1000), range(1000, 1250), range(1250, 2250), range(2250, 2500)]
-    assert est.map_batches(5, 1000, 2) == [range(0, 3), range(3, 5)]  # the first shard takes the remainder
-    assert est.map_batches(0) == []
+    assert est_pad.map_batches(2500, 1000, 1) == [range(0, 1000), range(1000, 2000), range(2000, 2500)]
+    assert est_pad.map_batches(2500, 1000, 2) == [
+        range(0, 1000),
+        range(1000, 1250),
+        range(1250, 2250),
+        range(2250, 2500),
+    ]
+    assert est_pad.map_batches(5, 1000, 2) == [range(0, 3), range(3, 5)]  # the first shard takes the remainder
+    assert est_pad.map_batches(0) == []
 
 
 def test_packed_rows_and_padding_share_packed():
     # cutoff 13: llamafactory packs to cutoff - 1 = 12 per row, pads each row to 13 tokens
-    assert est.packed_rows([6, 6, 6, 6], 13) == 2
-    assert est.packed_rows([6, 6, 6, 6], 13, batch_size=1) == 4  # each map batch packs alone
-    assert est.packed_rows([13, 13], 13) == 2  # clipped to 12, one per row
-    assert est.padding_share_packed([6, 6, 6, 6], 13, multiple=1) == pytest.approx(1 - 24 / 26)
-    assert est.padding_share_packed([6, 6, 6, 6], 13, multiple=8) == pytest.approx(1 - 24 / 32)
-    assert est.padding_share_packed([], 13) == 0.0
+    assert est_pad.packed_rows([6, 6, 6, 6], 13) == 2
+    assert est_pad.packed_rows([6, 6, 6, 6], 13, batch_size=1) == 4  # each map batch packs alone
+    assert est_pad.packed_rows([13, 13], 13) == 2  # clipped to 12, one per row
+    assert est_pad.padding_share_packed([6, 6, 6, 6], 13, multiple=1) == pytest.approx(1 - 24 / 26)
+    assert est_pad.padding_share_packed([6, 6, 6, 6], 13, multiple=8) == pytest.approx(1 - 24 / 32)
+    assert est_pad.padding_share_packed([], 13) == 0.0
 
 
 def test_packing_removes_most_padding_of_a_skewed_distribution():
     lengths = [20] * 90 + [500] * 10  # mostly short, a few long: random batches pad to the long ones
-    unpacked = est.padding_share(lengths, 8)
-    packed = est.padding_share_packed(lengths, 512)
+    unpacked = est_pad.padding_share(lengths, 8)
+    packed = est_pad.padding_share_packed(lengths, 512)
     assert unpacked > 0.6 and packed < 0.2
     s = stats_of(lengths, cutoff=512)
-    p = est.padding_for(s, 8)
+    p = est_pad.padding_for(s, 8)
     assert p.share == pytest.approx(unpacked) and p.share_packed == pytest.approx(packed)
     assert p.padded_tokens == pytest.approx(sum(lengths) / (1 - unpacked))
     assert p.padded_tokens_packed == p.packed_rows * 512
@@ -132,8 +140,8 @@ def test_packing_removes_most_padding_of_a_skewed_distribution():
 
 def test_padding_for_non_sft_stages_offers_no_packing_what_if():
     s = stats_of([10, 20, 30, 40], stage="rm", sequences_per_row=2, rows=2)
-    p = est.padding_for(s, 1)  # pairs: chosen + rejected are one micro-batch of 2 sequences
-    assert p.share == p.share_packed == pytest.approx(est.padding_share([10, 20, 30, 40], 2))
+    p = est_pad.padding_for(s, 1)  # pairs: chosen + rejected are one micro-batch of 2 sequences
+    assert p.share == p.share_packed == pytest.approx(est_pad.padding_share([10, 20, 30, 40], 2))
 
 
 # ---------------------------------------------------------------- what the counting child returns
@@ -152,17 +160,17 @@ def test_token_stats_from_child_with_packing():
         "eval": {"rows": 1, "tokens": 12},
         "notes": [],
     }
-    s = est.token_stats_from_child(data, 64)
+    s = est_pad.token_stats_from_child(data, 64)
     assert (s.rows, s.samples, s.total_tokens, s.label_tokens) == (2, 3, 123, 40)
     assert s.truncated == 1 and s.packing and s.eval_tokens == 12
     assert s.summary()["length_percentiles"]["max"] == 90
-    assert est.padding_for(s, 1).packed_rows == 2  # [63], [30, 30]: what llamafactory made
+    assert est_pad.padding_for(s, 1).packed_rows == 2  # [63], [30, 30]: what llamafactory made
 
 
 def test_sampling_of_config():
-    assert est.sampling_of({}) == "random"
-    assert est.sampling_of({"disable_shuffling": True}) == "sequential"
-    assert est.sampling_of({"train_sampling_strategy": "group_by_length"}) == "group_by_length"
+    assert est_pad.sampling_of({}) == "random"
+    assert est_pad.sampling_of({"disable_shuffling": True}) == "sequential"
+    assert est_pad.sampling_of({"train_sampling_strategy": "group_by_length"}) == "group_by_length"
 
 
 # ---------------------------------------------------------------- steps
@@ -205,11 +213,11 @@ def probe_records(steps=12, slow_first=3, sps=0.5, tokens_per_step=200, final=Tr
 
 def test_sustained_rate_discards_warmup():
     recs, _ = probe_records()
-    pts = est.trainer_clock(recs)
+    pts = est_tp.trainer_clock(recs)
     assert len(pts) == 12  # the final summary record is left out
-    sps, tps, n = est.sustained(pts, warmup=3)
+    sps, tps, n = est_tp.sustained(pts, warmup=3)
     assert sps == pytest.approx(0.5, rel=1e-4) and tps == pytest.approx(400, rel=1e-4) and n == 9
-    slow, _, _ = est.sustained(pts, warmup=0)
+    slow, _, _ = est_tp.sustained(pts, warmup=0)
     assert slow > 0.5  # the warm-up would inflate it
 
 
@@ -219,7 +227,7 @@ def test_throughput_from_probe_measures_startup_and_teardown():
     observed = {r["current_steps"]: startup + r["total_tokens"] / r["throughput"] + 0.05 for r in recs}
     observed[1] -= 0.04  # the poll closest to the write
     wall = startup + last_t + teardown
-    th = est.throughput_from_probe(recs, observed, wall, warmup=3)
+    th = est_tp.throughput_from_probe(recs, observed, wall, warmup=3)
     assert th.clock == "trainer"
     assert th.startup_seconds == pytest.approx(10.01, abs=1e-3)
     assert th.teardown_seconds == pytest.approx(2.0 - 0.01, abs=1e-3)
@@ -229,12 +237,12 @@ def test_throughput_from_probe_measures_startup_and_teardown():
 def test_throughput_falls_back_to_observed_times_without_token_counts():
     recs = [{"current_steps": s, "loss": 1.0} for s in range(1, 11)]
     observed = {s: 5.0 + s * 0.25 for s in range(1, 11)}
-    th = est.throughput_from_probe(recs, observed, 5.0 + 2.5 + 1.0, warmup=2)
+    th = est_tp.throughput_from_probe(recs, observed, 5.0 + 2.5 + 1.0, warmup=2)
     assert th.clock == "observed" and th.tokens_per_second is None
     assert th.seconds_per_step == pytest.approx(0.25)
     assert th.startup_seconds == pytest.approx(5.0) and th.teardown_seconds == pytest.approx(1.0)
     with pytest.raises(ValueError):
-        est.sustained([(1, 1.0, None)], 0)
+        est_tp.sustained([(1, 1.0, None)], 0)
 
 
 # ---------------------------------------------------------------- time ranges and GPU-hours
@@ -253,7 +261,7 @@ def run_shape(**kw):
 
 
 def test_time_from_probe_range():
-    th = est.Throughput(1.0, 100.0, 100.0, 20, 5, startup_seconds=10.0, teardown_seconds=2.0)
+    th = est_tp.Throughput(1.0, 100.0, 100.0, 20, 5, startup_seconds=10.0, teardown_seconds=2.0)
     t = est.time_from_probe(run_shape(), th, margin=0.15)  # 100 steps x 1 s = 10,000 tokens / 100 tokens/s
     assert t.source == "probe"
     assert t.train_seconds == pytest.approx((85.0, 115.0))
@@ -268,12 +276,12 @@ def test_time_from_probe_range():
 
 
 def test_time_from_flops_is_a_labelled_guess():
-    shape = est.ModelShape(params=10**9, active_params=10**9, layers=10, hidden=1000, trainable_params=10**9)
-    fpt = est.flops_per_token(shape, 100, "full", gradient_checkpointing=False)
+    shape = est_tp.ModelShape(params=10**9, active_params=10**9, layers=10, hidden=1000, trainable_params=10**9)
+    fpt = est_tp.flops_per_token(shape, 100, "full", gradient_checkpointing=False)
     assert fpt == pytest.approx(6e9 + 2 * 10 * 100 * 1000 * 3)
-    assert est.flops_per_token(shape, 100, "full", True) == pytest.approx(8e9 + 2 * 10 * 100 * 1000 * 4)
-    lora = est.ModelShape(10**9, 10**9, 10, 1000, trainable_params=0)
-    assert est.flops_per_token(lora, 0, "lora", False) == pytest.approx(4e9)
+    assert est_tp.flops_per_token(shape, 100, "full", True) == pytest.approx(8e9 + 2 * 10 * 100 * 1000 * 4)
+    lora = est_tp.ModelShape(10**9, 10**9, 10, 1000, trainable_params=0)
+    assert est_tp.flops_per_token(lora, 0, "lora", False) == pytest.approx(4e9)
     t = est.time_from_flops(run_shape(tokens=8e9, padding=0.2), 6e9, 100.0, utilisation=(0.25, 0.5), startup=(0, 0))
     computed = 8e9 / 0.8
     assert t.train_seconds == pytest.approx((computed * 6e9 / (2e14 * 0.5), computed * 6e9 / (2e14 * 0.25)))
@@ -290,7 +298,7 @@ def test_gpu_hours_and_projection():
 
 
 def test_levers_rank_by_effect():
-    pad = est.Padding(4, "random", share=0.5, share_packed=0.05, packed_rows=10)
+    pad = est_pad.Padding(4, "random", share=0.5, share_packed=0.05, packed_rows=10)
     lv = est.levers(
         train_seconds=900.0,
         total_seconds=1000.0,
@@ -312,7 +320,7 @@ def test_levers_rank_by_effect():
     none = est.levers(
         train_seconds=None,
         total_seconds=None,
-        padding=est.Padding(4, "random", 0.0, 0.1, 4),
+        padding=est_pad.Padding(4, "random", 0.0, 0.1, 4),
         packing=True,
         finetuning_type="lora",
         gradient_checkpointing=False,
@@ -324,7 +332,7 @@ def test_levers_rank_by_effect():
 def test_build_estimate_json_has_every_promised_key():
     lengths = [20] * 90 + [300] * 10
     s = stats_of(lengths, cutoff=256, raw=[20] * 90 + [300] * 10)
-    th = est.Throughput(0.5, 2000.0, 1000.0, 20, 5, 8.0, 1.0)
+    th = est_tp.Throughput(0.5, 2000.0, 1000.0, 20, 5, 8.0, 1.0)
     e = est.build_estimate(
         s,
         micro_batch=4,
@@ -363,11 +371,11 @@ def test_build_estimate_json_has_every_promised_key():
 
 
 def test_peak_flops_lookup():
-    assert est.peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
-    assert est.peak_tflops("Tesla T4", "fp32") == 8.1
-    assert est.peak_tflops("NVIDIA A100-PCIE-40GB", "fp16") == 312.0  # not the A10
-    assert est.peak_tflops("NVIDIA A10", "bf16") == 125.0
-    assert est.peak_tflops("Some Accelerator", "bf16") is None
+    assert est_tp.peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
+    assert est_tp.peak_tflops("Tesla T4", "fp32") == 8.1
+    assert est_tp.peak_tflops("NVIDIA A100-PCIE-40GB", "fp16") == 312.0  # not the A10
+    assert est_tp.peak_tflops("NVIDIA A10", "bf16") == 125.0
+    assert est_tp.peak_tflops("Some Accelerator", "bf16") is None
 
 
 # ---------------------------------------------------------------- configs handed to children
@@ -383,20 +391,20 @@ def test_counting_and_probe_configs_never_touch_the_real_output_dir(tmp_path):
         "cutoff_len": 512,
         "save_steps": 100,
     }
-    c = est.counting_config(values, tmp_path)
+    c = est_run.counting_config(values, tmp_path)
     assert c["output_dir"] == str(tmp_path / "output") and c["bf16"] is False
     assert "deepspeed" not in c and "resume_from_checkpoint" not in c and "tokenized_path" not in c
     assert c["cutoff_len"] == 512
-    p = est.probe_config(values, tmp_path / "probe", steps=20, warmup=5)
+    p = est_run.probe_config(values, tmp_path / "probe", steps=20, warmup=5)
     assert p["output_dir"] == str(tmp_path / "probe") and p["max_steps"] == 25
     assert p["save_strategy"] == "no" and p["logging_steps"] == 1 and p["report_to"] == "none"
     assert p["include_num_input_tokens_seen"] == "non_padding" and "resume_from_checkpoint" not in p
     (tmp_path / "saved").mkdir()
-    assert est.counting_config({**values, "tokenized_path": str(tmp_path / "saved")}, tmp_path)["tokenized_path"]
+    assert est_run.counting_config({**values, "tokenized_path": str(tmp_path / "saved")}, tmp_path)["tokenized_path"]
 
 
 def test_child_env_hides_the_gpu_and_torchrun():
-    env = est.child_env({"PATH": "/bin", "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "4", "CUDA_VISIBLE_DEVICES": "0"})
+    env = est_run.child_env({"PATH": "/bin", "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "4", "CUDA_VISIBLE_DEVICES": "0"})
     assert env["CUDA_VISIBLE_DEVICES"] == "" and "FORCE_TORCHRUN" not in env and env["PATH"] == "/bin"
 
 
@@ -494,7 +502,7 @@ def test_plot_draws_loss_and_throughput_with_restarts(tmp_path, isolated_home):
 
 def test_importing_the_commands_stays_light():
     code = (
-        "import sys, ftlaunch.cli, ftlaunch.estimate_cli, ftlaunch.estimate\n"
+        "import sys, ftlaunch.cli, ftlaunch.estimate_cli, ftlaunch.estimate, ftlaunch.estimate_run\n"
         "heavy = [m for m in ('matplotlib', 'torch', 'transformers', 'datasets', 'llamafactory') if m in sys.modules]\n"
         "print(heavy)"
     )

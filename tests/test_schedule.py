@@ -26,6 +26,8 @@ from click.testing import CliRunner
 
 from ftlaunch import schedule as sch
 from ftlaunch.cli import main
+from ftlaunch.cron import ScheduleError, next_fire, on_calendar, parse_cron
+from ftlaunch.crontab import add_entry, entries, remove_entry
 from ftlaunch.schedule_cli import schedule_group
 
 from .conftest import ROOT, tiny_config, write_yaml
@@ -174,11 +176,11 @@ def clock_from(start: datetime) -> Iterator[datetime]:
     ],
 )
 def test_next_fire(expr, after, expected):
-    c = sch.parse_cron(expr)
+    c = parse_cron(expr)
     t = datetime.strptime(after, "%Y-%m-%d %H:%M")
     got = []
     for _ in expected:
-        t = sch.next_fire(c, t)
+        t = next_fire(c, t)
         got.append(t.strftime("%Y-%m-%d %H:%M"))
     assert got == expected
 
@@ -201,24 +203,24 @@ def test_next_fire(expr, after, expected):
     ],
 )
 def test_bad_cron_expressions_say_why(expr, words):
-    with pytest.raises(sch.ScheduleError) as e:
-        sch.parse_cron(expr)
+    with pytest.raises(ScheduleError) as e:
+        parse_cron(expr)
     assert words in e.value.message and e.value.exit_code == 2
 
 
 def test_every_problem_is_listed_at_once():
-    with pytest.raises(sch.ScheduleError) as e:
-        sch.parse_cron("99 99 * * *")
+    with pytest.raises(ScheduleError) as e:
+        parse_cron("99 99 * * *")
     assert "minute: 99" in e.value.message and "hour: 99" in e.value.message
 
 
 def test_systemd_calendar_matches_cron_semantics():
-    assert sch.on_calendar(sch.parse_cron("0 2 * * *")) == ["*-*-* 02:00:00"]
-    assert sch.on_calendar(sch.parse_cron("*/30 9 * * mon-fri")) == ["Mon,Tue,Wed,Thu,Fri *-*-* 09:00,30:00"]
-    assert sch.on_calendar(sch.parse_cron("0 0 13 * fri")) == ["*-*-13 00:00:00", "Fri *-*-* 00:00:00"]
+    assert on_calendar(parse_cron("0 2 * * *")) == ["*-*-* 02:00:00"]
+    assert on_calendar(parse_cron("*/30 9 * * mon-fri")) == ["Mon,Tue,Wed,Thu,Fri *-*-* 09:00,30:00"]
+    assert on_calendar(parse_cron("0 0 13 * fri")) == ["*-*-13 00:00:00", "Fri *-*-* 00:00:00"]
     if shutil.which("systemd-analyze"):
         for expr in ("0 2 * * *", "*/15 9-17 * * mon-fri", "0 0 13 * 5", "30 4 1,15 jan,jul *"):
-            for cal in sch.on_calendar(sch.parse_cron(expr)):
+            for cal in on_calendar(parse_cron(expr)):
                 r = subprocess.run(["systemd-analyze", "calendar", cal], capture_output=True, text=True)
                 assert r.returncode == 0, (cal, r.stderr)
 
@@ -230,20 +232,20 @@ def test_crontab_text_add_remove_is_byte_identical():
     line = (
         "0 2 * * * /venv/bin/python -m ftlaunch.cli schedule run nightly >> /h/n.log 2>&1 # ftlaunch-schedule:nightly"
     )
-    added = sch.add_entry(FOREIGN, "nightly", line)
+    added = add_entry(FOREIGN, "nightly", line)
     assert added.startswith(FOREIGN) and added.endswith(line + "\n")
-    assert sch.entries(added) == {"nightly": line + "\n"}  # the commented-out copy is not ours
-    assert sch.remove_entry(added, "nightly") == (FOREIGN, 1)
-    assert sch.remove_entry(FOREIGN, "nightly") == (FOREIGN, 0)
-    with pytest.raises(sch.ScheduleError, match="already has an entry"):
-        sch.add_entry(added, "nightly", line)
+    assert entries(added) == {"nightly": line + "\n"}  # the commented-out copy is not ours
+    assert remove_entry(added, "nightly") == (FOREIGN, 1)
+    assert remove_entry(FOREIGN, "nightly") == (FOREIGN, 0)
+    with pytest.raises(ScheduleError, match="already has an entry"):
+        add_entry(added, "nightly", line)
     # an entry for "night" is not one for "nightly", nor the reverse
     other = line.replace("schedule:nightly", "schedule:night")
-    both = sch.add_entry(added, "night", other)
-    assert sch.remove_entry(both, "night") == (added, 1)
+    both = add_entry(added, "night", other)
+    assert remove_entry(both, "night") == (added, 1)
     # a table without a final newline gets one (cron needs it), and nothing else changes
-    assert sch.add_entry("MAILTO=x", "nightly", line) == f"MAILTO=x\n{line}\n"
-    assert sch.add_entry("", "nightly", line) == line + "\n"
+    assert add_entry("MAILTO=x", "nightly", line) == f"MAILTO=x\n{line}\n"
+    assert add_entry("", "nightly", line) == line + "\n"
 
 
 def test_version_names_and_prune_choice():
@@ -277,10 +279,10 @@ def test_add_remove_round_trip_leaves_foreign_lines_byte_identical(project, scra
     assert r.exit_code == 0, r.output
     text = scratch_crontab.read_text()
     assert text.startswith(FOREIGN)
-    assert set(sch.entries(text)) == {"nightly", "weekly"}
+    assert set(entries(text)) == {"nightly", "weekly"}
     r = cli("remove", "nightly")
     assert r.exit_code == 0 and "crontab line removed" in r.output, r.output
-    assert set(sch.entries(scratch_crontab.read_text())) == {"weekly"}
+    assert set(entries(scratch_crontab.read_text())) == {"weekly"}
     assert scratch_crontab.read_text().startswith(FOREIGN)
     assert cli("remove", "weekly").exit_code == 0
     assert scratch_crontab.read_bytes() == FOREIGN.encode()
@@ -290,7 +292,7 @@ def test_add_remove_round_trip_leaves_foreign_lines_byte_identical(project, scra
 def test_add_into_an_empty_crontab(project, scratch_crontab):
     assert not scratch_crontab.exists()  # `crontab -l` says "no crontab for ...", exit 1
     assert add("nightly", project).exit_code == 0
-    assert list(sch.entries(scratch_crontab.read_text())) == ["nightly"]
+    assert list(entries(scratch_crontab.read_text())) == ["nightly"]
     assert cli("remove", "nightly").exit_code == 0
     assert scratch_crontab.read_text() == ""
 
@@ -301,7 +303,7 @@ def test_cron_line_uses_absolute_paths_and_carries_no_secrets(project, scratch_c
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("HF_ENDPOINT", "https://user:pw-secret-789@mirror.example")
     assert add("nightly", project).exit_code == 0
-    line = sch.entries(scratch_crontab.read_text())["nightly"].rstrip("\n")
+    line = entries(scratch_crontab.read_text())["nightly"].rstrip("\n")
     assert line.startswith("0 2 * * * ")
     assert f"FTLAUNCH_HOME={isolated_home}" in line
     assert f"{os.path.abspath(sys.executable)} -m ftlaunch.cli schedule run nightly" in line
@@ -609,7 +611,7 @@ def test_notify_by_command_gets_the_summary_on_stdin_and_in_env(project, fake_tr
 @pytest.mark.skipif(not INTEGRATED, reason="ftlaunch.cli does not register `schedule` yet")
 def test_the_installed_line_runs_under_crons_bare_environment(project, fake_trainer, scratch_crontab, isolated_home):
     assert add("nightly", project).exit_code == 0
-    line = sch.entries(scratch_crontab.read_text())["nightly"]
+    line = entries(scratch_crontab.read_text())["nightly"]
     command = line.split(None, 5)[5].replace("\\%", "%")  # what cron hands to /bin/sh
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "SHELL": "/bin/sh"}
     env.update({k: os.environ[k] for k in ("FAKE_TRAINER_SCRIPT", "FAKE_TRAINER_COUNTER")})
