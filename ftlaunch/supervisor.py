@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from .locks import try_flock
 from .memory_store import remember
 from .recovery import ZERO3_OFFLOAD, Budget, classify, decide
 from .runstore import (
+    FailureKind,
     RunStatus,
     append_event,
     home,
@@ -180,6 +182,8 @@ class Supervisor:
             )
             rc, log_text, ckpt_before, ckpt_after, step = self._attempt(out, attempt, extra_env, weights_only)
             ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
+            if ex.kind is FailureKind.HOST_OOM:
+                ex = with_kernel_evidence(ex, read_state(self.run_dir).get("trainer_pid"))
             append_event(
                 self.run_dir,
                 "exited",
@@ -377,6 +381,26 @@ class Supervisor:
                     except (OSError, ValueError):
                         self.echo = False  # the terminal went away; keep logging to the file
         stream.close()
+
+
+def kernel_log() -> str:
+    """The kernel ring buffer when this user may read it (often root only); empty otherwise."""
+    try:
+        return subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def with_kernel_evidence(ex: Any, pid: int | None, read: Callable[[], str] = kernel_log) -> Any:
+    """Confirm a host OOM from the kernel log ("Out of memory: Killed process PID") when readable."""
+    from dataclasses import replace
+
+    text = read()
+    if not text or not pid:
+        return replace(ex, message=ex.message + " (kernel log not readable to confirm)")
+    if re.search(rf"Killed process {pid}\b", text):
+        return replace(ex, message=f"the kernel's OOM killer killed the trainer (pid {pid}): host RAM ran out")
+    return replace(ex, message=ex.message + " (the kernel log shows no OOM kill of the trainer)")
 
 
 def _killpg(pgid: int, sig: int) -> None:

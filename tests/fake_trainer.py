@@ -8,6 +8,7 @@ FAKE_TRAINER_SCRIPT is a JSON list, one entry per attempt (the last repeats), ea
   {"config_error": "..."}           ValueError from argument parsing, exit 1
   {"half_checkpoint": 6}            write checkpoint-6 with only a truncated model.safetensors, then die
   {"ok": true, "steps": 4}          write trainer_log.jsonl and a checkpoint, exit 0
+  {"print_env": "HF_TOKEN"}         print that variable's value (secrets must be redacted in the log)
 It counts attempts in FAKE_TRAINER_COUNTER and records each config it was given.
 """
 
@@ -33,6 +34,8 @@ def main() -> int:
     out = Path(cfg["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     print(f"fake trainer attempt {n + 1}: {step}", flush=True)
+    if "print_env" in step:
+        print(f"printed {os.environ.get(step['print_env'])}", flush=True)
     if "signal" in step:
         os.kill(os.getpid(), step["signal"])
     if step.get("oom"):

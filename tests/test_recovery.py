@@ -217,3 +217,23 @@ def test_a_run_that_gave_up_resumes_by_hand_after_a_change(tmp_path):
     assert configs_seen(tmp_path)[-1]["cutoff_len"] == 64
     assert read_state(run_dir)["status"] == "succeeded"
     assert "config_edited" in (run_dir / "events.jsonl").read_text()
+
+
+def test_host_oom_is_confirmed_from_the_kernel_log_when_readable():
+    from ftlaunch.supervisor import with_kernel_evidence
+
+    ex = classify(-9, "step 3")
+    log = "[123.4] Out of memory: Killed process 4242 (python) total-vm:100kB"
+    assert "OOM killer killed the trainer (pid 4242)" in with_kernel_evidence(ex, 4242, read=lambda: log).message
+    assert "no OOM kill" in with_kernel_evidence(ex, 7, read=lambda: log).message
+    assert "not readable" in with_kernel_evidence(ex, 7, read=lambda: "").message
+
+
+def test_secrets_printed_by_the_trainer_never_reach_the_log(tmp_path):
+    run_dir, env = make_run(tmp_path, [{"print_env": "HF_TOKEN", "ok": True}])
+    env["HF_TOKEN"] = "hf_abcdefghijklmnop"
+    assert Supervisor(run_dir, env, poll=0.05).run() == 0
+    log = (run_dir / "train.log").read_text()
+    assert "printed ***" in log and "hf_abcdefghijklmnop" not in log
+    for name in ("state.json", "events.jsonl", "plan.json", "config.yaml"):
+        assert "hf_abcdefghijklmnop" not in (run_dir / name).read_text()
