@@ -244,7 +244,15 @@ def train(
         click.echo(f"  status: ftlaunch status {run_dir.name}")
         click.echo(f"  stop:   ftlaunch stop {run_dir.name}")
     if follow:
-        _follow(run_dir)
+        _follow_and_exit(run_dir)
+
+
+def _follow_and_exit(run_dir: Path) -> None:
+    """Follow to the end, then exit like `status`: 0 succeeded, 1 failed/stopped, 11 still running."""
+    from .service import run_view
+
+    _follow(run_dir)
+    sys.exit(STATUS_EXIT.get(run_view(run_dir)["status"], 1))
 
 
 @main.command()
