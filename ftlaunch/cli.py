@@ -97,8 +97,8 @@ def plan_options(f):
     f = click.option("--params", help="Model size when config.json is not at hand, e.g. 7B.")(f)
     f = click.option(
         "--mirror",
-        help="Pre-download the model from the hub first: auto, hf, hf-mirror, modelscope or a URL "
-        "(plan fetches config.json only).",
+        help="Pre-download the model (and, for train, hub datasets named in the config) first: auto, hf, "
+        "hf-mirror, modelscope or a URL (plan fetches config.json only).",
     )(f)
     f = click.option(
         "--host-ram",
@@ -264,14 +264,16 @@ def _follow_and_exit(run_dir: Path) -> None:
     help="auto (probe the hub, then hf-mirror.com), hf, hf-mirror, modelscope, or a base URL.",
 )
 @click.option("--revision", help="Branch, tag or commit.")
+@click.option("--repo-type", type=click.Choice(["model", "dataset"]), default="model", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print {path, endpoint, files, bytes, retries}.")
-def download(repo_id: str, mirror: str, revision: str | None, as_json: bool) -> None:
+def download(repo_id: str, mirror: str, revision: str | None, repo_type: str, as_json: bool) -> None:
     """Download REPO_ID into the hub cache with retries and resume, then verify every file.
 
     \b
     Examples:
       ftlaunch download Qwen/Qwen2.5-1.5B-Instruct
       ftlaunch download Qwen/Qwen2.5-1.5B-Instruct --mirror hf-mirror --json
+      ftlaunch download tatsu-lab/alpaca --repo-type dataset
     """
     from .service import prefetch_model
 
@@ -279,7 +281,13 @@ def download(repo_id: str, mirror: str, revision: str | None, as_json: bool) -> 
         err_console.print(f"[{n}/{total}] {type(exc).__name__}: retrying in {wait:.1f}s", highlight=False, markup=False)
 
     r = prefetch_model(
-        repo_id, mirror, _env(), revision=revision, progress=not as_json and sys.stderr.isatty(), on_retry=on_retry
+        repo_id,
+        mirror,
+        _env(),
+        revision=revision,
+        progress=not as_json and sys.stderr.isatty(),
+        on_retry=on_retry,
+        repo_type=repo_type,
     )
     if as_json:
         _echo_json({**r.to_dict(), "endpoint_reason": r.endpoint_reason})

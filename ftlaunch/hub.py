@@ -83,6 +83,7 @@ def choose_endpoint(
     probe: Callable[[str, str], bool] | None = None,
     timeout: float = 3.0,
     candidates: Sequence[str | tuple[str, str]] = DEFAULT_CANDIDATES,
+    repo_type: str = "model",
 ) -> EndpointChoice:
     """Decide where to download ``repo_id`` from.
 
@@ -90,11 +91,12 @@ def choose_endpoint(
     ``env`` > ``USE_MODELSCOPE_HUB`` (LLaMA-Factory's switch) > probing ``candidates`` in order (names of
     ``KNOWN_ENDPOINTS`` or ``(name, url)`` pairs) and taking the first that answers. ``mirror=None`` means "auto".
 
-    The default probe is ``GET {url}/api/models/{repo_id}`` without a token (a token is never sent to an endpoint
-    that was not chosen). Any HTTP answer below 500 counts as "answers": 200 is there, 401/403 is private or
-    gated (the download will say how to log in), 404 is reachable but missing (the download will report the
-    wrong repo id from the endpoint that answered, rather than trying further mirrors). Timeouts, refused
-    connections and 5xx do not count. ``probe(url, repo_id) -> bool`` replaces it (tests, custom checks).
+    The default probe is ``GET {url}/api/models/{repo_id}`` (``/api/datasets/...`` for ``repo_type="dataset"``)
+    without a token (a token is never sent to an endpoint that was not chosen). Any HTTP answer below 500 counts
+    as "answers": 200 is there, 401/403 is private or gated (the download will say how to log in), 404 is
+    reachable but missing (the download will report the wrong repo id from the endpoint that answered, rather
+    than trying further mirrors). Timeouts, refused connections and 5xx do not count. ``probe(url, repo_id) ->
+    bool`` replaces it (tests, custom checks).
     If nothing answers, the first candidate is returned anyway: the download has its own retries.
     """
     choice = (mirror or "auto").strip()
@@ -121,7 +123,7 @@ def choose_endpoint(
             answered = bool(probe(url, repo_id))
             detail = "answered" if answered else "did not answer"
         else:
-            answered, detail = _http_probe(url, repo_id, timeout)
+            answered, detail = _http_probe(url, repo_id, timeout, repo_type)
         notes.append(f"{_host(url)} {detail}")
         if answered:
             return EndpointChoice(name, url, "; ".join(notes))
@@ -176,13 +178,15 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _http_probe(url: str, repo_id: str, timeout: float) -> tuple[bool, str]:
+def _http_probe(url: str, repo_id: str, timeout: float, repo_type: str = "model") -> tuple[bool, str]:
     import httpx
+
+    api = f"{url}/api/{repo_type}s/{repo_id}"  # the hub's repo info URL: /api/models/..., /api/datasets/...
 
     try:
         # trust_env keeps HTTPS_PROXY working: where huggingface.co is blocked, a proxy is the other usual fix.
         with httpx.Client(timeout=timeout, follow_redirects=True, trust_env=True) as client:
-            status = client.get(f"{url}/api/models/{repo_id}").status_code
+            status = client.get(api).status_code
     except httpx.TimeoutException:
         return False, f"did not answer in {timeout:g}s"
     except httpx.ConnectError as exc:

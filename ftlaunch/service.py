@@ -5,6 +5,7 @@ The CLI calls these and only renders; tests call them directly with an env dict 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -94,6 +95,11 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
         fetched = prefetch_model(
             str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=sys.stderr.isatty()
         )
+    datasets = None
+    if req.mirror and req.download_weights:  # train: hub datasets too, so the offline trainer finds them
+        from .hubdata import prefetch_datasets
+
+        datasets = prefetch_datasets(values, req.mirror, env, cwd=loaded.base_dir, progress=sys.stderr.isatty())
     hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
     g_source = req.global_batch
     from .memplan import make_memory_chooser, model_spec_for
@@ -125,6 +131,10 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
         p = Plan(**{**p.__dict__, "extra": {**dict(p.extra), "resolved_paths": resolved}})
     if fetched is not None:
         p = with_prefetch(p, fetched, weights=req.download_weights)
+    if datasets is not None:
+        from .hubdata import with_datasets
+
+        p = with_datasets(p, datasets)
     if warnings:
         p = Plan(**{**p.__dict__, "warnings": tuple(warnings) + p.warnings})
     return loaded, p
@@ -171,6 +181,12 @@ def create_run(
     tmp = root / f".{run_id}.tmp"
     tmp.mkdir()
     try:
+        from .hubdata import INFO_FILE, bind_run_dir
+
+        # Pre-downloaded hub datasets: the run's own dataset_info.json, named by its final path.
+        p, dataset_info = bind_run_dir(p, root / run_id)
+        if dataset_info is not None:
+            (tmp / INFO_FILE).write_text(json.dumps(dataset_info, indent=2, ensure_ascii=False) + "\n")
         shutil.copyfile(loaded.source_path, tmp / "source.yaml")
         (tmp / "config.yaml").write_text(dump_yaml(p.config, p.header))
         (tmp / "plan.txt").write_text(plan_text(p))
@@ -501,11 +517,12 @@ def prefetch_model(
     config_only: bool = False,
     progress: bool = True,
     on_retry: Any = None,
+    repo_type: str = "model",
 ) -> Prefetch:
     """Choose an endpoint and download ``repo_id`` (or just its config.json) into the hub cache."""
     from . import hub
 
-    choice = hub.choose_endpoint(repo_id, mirror, env)
+    choice = hub.choose_endpoint(repo_id, mirror, env, repo_type=repo_type)
     endpoint = hub.MODELSCOPE if choice.use_modelscope else choice.url
     cache = env.get("HF_HUB_CACHE") or (str(Path(env["HF_HOME"]) / "hub") if env.get("HF_HOME") else None)
     token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
@@ -518,5 +535,6 @@ def prefetch_model(
         progress=progress,
         on_retry=on_retry,
         allow_patterns=["config.json"] if config_only else None,
+        repo_type=repo_type,
     )
     return Prefetch(repo_id, choice.url, choice.reason, result.path, result.files, result.bytes, result.retries)

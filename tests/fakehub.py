@@ -1,7 +1,7 @@
 """A real local HTTP server that speaks the part of the Hugging Face hub protocol that downloads use.
 
-It serves in-memory model repos to the REAL ``huggingface_hub`` client (1.x, httpx based), so tests and the
-download benchmark exercise the same code paths as a download from huggingface.co, with faults injected at the
+It serves in-memory model (and dataset) repos to the REAL ``huggingface_hub`` client (1.x, httpx based), so tests
+and the download benchmark exercise the same code paths as a download from huggingface.co, with faults injected at the
 HTTP level instead of mocking the client. Requests it implements, as ``snapshot_download``/``HfApi`` make them:
 
 * ``GET /api/models/{repo}`` and ``GET /api/models/{repo}/revision/{rev}[?blobs=True]``: repo info (``sha`` and
@@ -13,6 +13,9 @@ HTTP level instead of mocking the client. Requests it implements, as ``snapshot_
   the client treats it as off-hub: it does not follow the HEAD redirect and does not send the token there.
 * ``HEAD|GET /__cdn__/{repo}/{sha256}/{file}``: the LFS bytes, with ``Range`` (``206`` + ``Content-Range``) and
   ``If-Range`` support.
+
+Dataset repos (``datasets=`` / ``add_repo(..., repo_type="dataset")``) are served the same way under the hub's
+dataset prefixes: ``/api/datasets/{repo}...`` and ``/datasets/{repo}/resolve/{rev}/{file}``.
 
 It never advertises Xet (no ``X-Xet-Hash`` header, no ``xetHash`` in the tree), so the client uses plain HTTP.
 
@@ -76,6 +79,7 @@ class FakeRepo:
     files: Mapping[str, FakeFile]
     commit: str
     refs: Mapping[str, str]
+    repo_type: str = "model"
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class FakeHub:
         self,
         repos: Mapping[str, Mapping[str, bytes]] | None = None,
         *,
+        datasets: Mapping[str, Mapping[str, bytes]] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         cdn_host: str | None = "localhost",
@@ -145,8 +150,11 @@ class FakeHub:
         self.chunk_size = chunk_size
         self.ranges = ranges  # False: ignore Range and do not advertise Accept-Ranges (some proxies/mirrors)
         self.repos: dict[str, FakeRepo] = {}
+        self.datasets: dict[str, FakeRepo] = {}
         for repo_id, files in (repos or {}).items():
             self.add_repo(repo_id, files)
+        for repo_id, files in (datasets or {}).items():
+            self.add_repo(repo_id, files, repo_type="dataset")
         self._lock = threading.Lock()
         self._faults: list[_Fault] = []
         self._repo_status: dict[str, tuple[int, str | None]] = {}
@@ -161,7 +169,9 @@ class FakeHub:
         self._thread: threading.Thread | None = None
 
     # ----------------------------------------------------------------------------------------------- lifecycle
-    def add_repo(self, repo_id: str, files: Mapping[str, bytes]) -> FakeRepo:
+    def add_repo(self, repo_id: str, files: Mapping[str, bytes], *, repo_type: str = "model") -> FakeRepo:
+        if repo_type not in ("model", "dataset"):
+            raise ValueError(f"unsupported repo_type {repo_type!r}")
         built: dict[str, FakeFile] = {}
         for path, content in files.items():
             sha256 = hashlib.sha256(content).hexdigest()
@@ -169,13 +179,16 @@ class FakeHub:
             blob_id = git_blob_sha1(lfs_pointer(sha256, len(content)) if lfs else content)
             built[path] = FakeFile(path=path, content=content, lfs=lfs, sha256=sha256, blob_id=blob_id)
         # A deterministic fake commit id derived from the content, so re-creating a hub gives the same commit.
-        digest = hashlib.sha1(repo_id.encode())
+        digest = hashlib.sha1((repo_id if repo_type == "model" else f"{repo_type}s/{repo_id}").encode())
         for path in sorted(built):
             digest.update(path.encode() + b"\0" + built[path].blob_id.encode())
         commit = digest.hexdigest()
-        repo = FakeRepo(repo_id=repo_id, files=built, commit=commit, refs={"main": commit})
-        self.repos[repo_id] = repo
+        repo = FakeRepo(repo_id=repo_id, files=built, commit=commit, refs={"main": commit}, repo_type=repo_type)
+        (self.repos if repo_type == "model" else self.datasets)[repo_id] = repo
         return repo
+
+    def _of_type(self, repo_type: str) -> dict[str, FakeRepo]:
+        return self.repos if repo_type == "model" else self.datasets
 
     def start(self) -> FakeHub:
         hub = self
@@ -329,6 +342,7 @@ _RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
 class _HubHandler(BaseHTTPRequestHandler):
     fakehub: FakeHub
     protocol_version = "HTTP/1.1"  # keep-alive and Range, like the real hub
+    _repo_type = "model"  # of the request being answered: "model" or "dataset"
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         pass
@@ -384,18 +398,25 @@ class _HubHandler(BaseHTTPRequestHandler):
 
     def _route(self, method: str, raw_path: str, path: str, query: dict[str, list[str]]) -> None:
         hub = self.fakehub
+        self._repo_type = "model"
         if path.startswith("/api/models/"):
             self._api(path[len("/api/models/") :], query)
+        elif path.startswith("/api/datasets/"):
+            self._repo_type = "dataset"
+            self._api(path[len("/api/datasets/") :], query)
         elif path.startswith(CDN_PREFIX):
             self._cdn(method, path[len(CDN_PREFIX) :])
         elif "/resolve/" in raw_path:
+            if raw_path.startswith("/datasets/"):
+                self._repo_type = "dataset"
+                raw_path = raw_path[len("/datasets") :]
             # Split the raw path: a revision like "refs/pr/1" arrives percent-encoded as one segment.
             repo_raw, rest = raw_path.lstrip("/").split("/resolve/", 1)
             rev_raw, _, file_raw = rest.partition("/")
             repo_id, rev, filename = unquote(repo_raw), unquote(rev_raw), unquote(file_raw)
             if self._refused(repo_id):
                 return
-            repo = hub.repos.get(repo_id)
+            repo = hub._of_type(self._repo_type).get(repo_id)
             if repo is None:
                 self._error(404, "Repository not found", code="RepoNotFound")
                 return
@@ -405,7 +426,7 @@ class _HubHandler(BaseHTTPRequestHandler):
 
     def _split_repo(self, rest: str) -> tuple[str, str]:
         """``org/name/tree/main`` -> (``org/name``, ``/tree/main``); matches known repos first."""
-        for repo_id in sorted(self.fakehub.repos, key=len, reverse=True):
+        for repo_id in sorted(self.fakehub._of_type(self._repo_type), key=len, reverse=True):
             if rest == repo_id or rest.startswith(repo_id + "/"):
                 return repo_id, rest[len(repo_id) :]
         parts = rest.split("/")
@@ -431,7 +452,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         repo_id, suffix = self._split_repo(rest)
         if self._refused(repo_id):
             return
-        repo = self.fakehub.repos.get(repo_id)
+        repo = self.fakehub._of_type(self._repo_type).get(repo_id)
         if repo is None:
             self._error(404, "Repository not found", code="RepoNotFound")
             return
@@ -468,7 +489,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         body = {
             "_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24],
             "id": repo.repo_id,
-            "modelId": repo.repo_id,
+            **({"modelId": repo.repo_id} if repo.repo_type == "model" else {}),
             "author": org,
             "sha": commit,
             "lastModified": "2024-01-01T00:00:00.000Z",
@@ -479,7 +500,7 @@ class _HubHandler(BaseHTTPRequestHandler):
             "downloads": 0,
             "likes": 0,
             "tags": [],
-            "library_name": "transformers",
+            **({"library_name": "transformers"} if repo.repo_type == "model" else {}),
             "siblings": siblings,
             "usedStorage": sum(f.size for f in repo.files.values()),
         }
@@ -542,7 +563,7 @@ class _HubHandler(BaseHTTPRequestHandler):
 
     def _cdn(self, method: str, rest: str) -> None:
         hub = self.fakehub
-        for repo in hub.repos.values():
+        for repo in (*hub.repos.values(), *hub.datasets.values()):
             prefix = repo.repo_id + "/"
             if not rest.startswith(prefix):
                 continue

@@ -75,3 +75,11 @@ def test_train_with_mirror_predownloads_then_trains_offline(hub, tiny, tmp_path,
     # the token was used, never stored
     for name in ("plan.json", "state.json", "events.jsonl", "train.log", "config.yaml", "plan.txt"):
         assert "hf_secret_y" not in (run_dir / name).read_text(), name
+
+
+def test_download_dataset_repo(tmp_path):
+    with FakeHub(datasets={"org/ds": {"data/train.json": b'[{"instruction": "a", "output": "b"}]'}}) as h:
+        r = ftl("download", "org/ds", "--repo-type", "dataset", "--mirror", h.url, "--json", env=online_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert Path(d["path"], "data", "train.json").exists() and "datasets--org--ds" in d["path"]
