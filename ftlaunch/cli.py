@@ -17,17 +17,13 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
+from .cli_options import env_now, target_options
 from .errors import DoesNotFitError, ExitCode, FtlaunchError
 
 console = Console()
 err_console = Console(stderr=True)
 
 PASSTHROUGH = ("api", "chat", "eval", "export", "webchat", "webui", "version")
-
-
-def _env() -> dict[str, str]:
-    """The environment is input, read in one place, at call time."""
-    return dict(os.environ)
 
 
 class FtlaunchGroup(click.Group):
@@ -74,27 +70,8 @@ def main() -> None:
 
 
 def plan_options(f):
-    f = click.option("--gpu", help="Plan for a catalog card instead of probing: V100-32GB, A100-80GBx4, none.")(f)
-    f = click.option(
-        "--hardware",
-        "hardware_file",
-        type=click.Path(dir_okay=False),
-        help="Plan for a machine captured with `ftlaunch env --json`.",
-    )(f)
-    f = click.option(
-        "--source-gpus",
-        type=click.IntRange(min=1),
-        help="GPUs the config was written for (default 1); sets the source global batch.",
-    )(f)
-    f = click.option("--global-batch", type=click.IntRange(min=1), help="Source global batch, set directly.")(f)
-    f = click.option(
-        "--headroom",
-        type=click.FloatRange(0.0, 0.9),
-        default=0.12,
-        show_default=True,
-        help="Share of GPU memory kept free.",
-    )(f)
-    f = click.option("--params", help="Model size when config.json is not at hand, e.g. 7B.")(f)
+    """The shared target options, plus what only plan/train take (--mirror, --host-ram)."""
+    f = target_options(f)
     f = click.option(
         "--mirror",
         help="Pre-download the model (and, for train, hub datasets named in the config) first: auto, hf, "
@@ -105,11 +82,6 @@ def plan_options(f):
         "host_ram_gib",
         type=click.FloatRange(min=1),
         help="Host RAM in GiB to plan with (CPU offload); default: this machine's.",
-    )(f)
-    f = click.option(
-        "--model-config",
-        type=click.Path(dir_okay=False, exists=True),
-        help="A config.json that sizes the model when the weights are elsewhere (hub id).",
     )(f)
     return f
 
@@ -151,7 +123,7 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, **kw: Any) -> N
     from .render import plan_renderables
     from .service import make_plan
 
-    _, p = make_plan(_request(config, overrides, False, **kw), _env())
+    _, p = make_plan(_request(config, overrides, False, **kw), env_now())
     if as_json:
         from .launch import public_env
 
@@ -214,7 +186,7 @@ def train(
     from .service import create_run, make_plan, start_detached
     from .supervisor import Supervisor, check_output_free
 
-    env = _env()
+    env = env_now()
     loaded, p = make_plan(_request(config, overrides, True, **kw), env)
     find_trainer(env)
     check_output_free(env, str(p.config.get("output_dir", "")))
@@ -283,7 +255,7 @@ def download(repo_id: str, mirror: str, revision: str | None, repo_type: str, as
     r = prefetch_model(
         repo_id,
         mirror,
-        _env(),
+        env_now(),
         revision=revision,
         progress=not as_json and sys.stderr.isatty(),
         on_retry=on_retry,
@@ -310,7 +282,7 @@ def env_cmd(as_json: bool) -> None:
     from .hardware import probe
     from .render import hardware_renderables
 
-    hw = probe(_env())
+    hw = probe(env_now())
     if as_json:
         _echo_json(hw.to_dict())
         return
@@ -329,7 +301,7 @@ def runs(as_json: bool) -> None:
     """
     from .service import all_runs
 
-    rows = all_runs(_env())
+    rows = all_runs(env_now())
     if as_json:
         _echo_json(rows)
         return
@@ -376,7 +348,7 @@ def status(run: str | None, as_json: bool) -> None:
     """
     from .service import resolve_run, run_view
 
-    view = run_view(resolve_run(_env(), run))
+    view = run_view(resolve_run(env_now(), run))
     if as_json:
         _echo_json(view)
     else:
@@ -441,7 +413,7 @@ def logs(run: str | None, follow: bool) -> None:
     """
     from .service import resolve_run
 
-    run_dir = resolve_run(_env(), run)
+    run_dir = resolve_run(env_now(), run)
     if follow:
         _follow(run_dir, from_start=True)
         return
@@ -488,7 +460,7 @@ def stop(run: str | None, grace: float) -> None:
     """
     from .service import resolve_run, stop_run
 
-    click.echo(stop_run(resolve_run(_env(), run), grace=grace))
+    click.echo(stop_run(resolve_run(env_now(), run), grace=grace))
 
 
 @main.command()
@@ -512,8 +484,8 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool) -> None:
     overrides = tuple(a for a in args if "=" in a)
     if len(runs) > 1:
         raise click.UsageError(f"one RUN at most, got {', '.join(runs)}")
-    run_dir = resolve_run(_env(), runs[0] if runs else None)
-    what, value = resume_run(run_dir, _env(), foreground=foreground, overrides=overrides)
+    run_dir = resolve_run(env_now(), runs[0] if runs else None)
+    what, value = resume_run(run_dir, env_now(), foreground=foreground, overrides=overrides)
     if what == "alive":
         click.echo(f"run {run_dir.name} is alive (supervisor pid {value}); following its log")
         if sys.stdout.isatty() or follow:
@@ -538,9 +510,9 @@ def _passthrough(name: str) -> click.Command:
     def cmd(args: tuple[str, ...]) -> None:
         from .launch import find_trainer
 
-        cli = find_trainer(_env())
+        cli = find_trainer(env_now())
         sys.stdout.flush()
-        os.execvpe(cli[0], [*cli, name, *args], _env())
+        os.execvpe(cli[0], [*cli, name, *args], env_now())
 
     return cmd
 

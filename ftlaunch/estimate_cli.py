@@ -9,7 +9,6 @@ cli.py as ``main.add_command(estimate_cmd, "estimate")`` and ``main.add_command(
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -18,12 +17,8 @@ from typing import Any
 
 import click
 
+from .cli_options import env_now, target_options
 from .errors import FtlaunchError
-
-
-def _env() -> dict[str, str]:
-    """The environment is input, read in one place, at call time."""
-    return dict(os.environ)
 
 
 def _say(text: str) -> None:
@@ -38,18 +33,7 @@ def _say(text: str) -> None:
 @click.command("estimate", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.argument("overrides", nargs=-1)
-@click.option("--gpu", help="Estimate for a catalog card instead of this machine: A100-80GB, V100-32GBx4, none.")
-@click.option(
-    "--hardware",
-    "hardware_file",
-    type=click.Path(dir_okay=False),
-    help="Estimate for a machine captured with `ftlaunch env --json`.",
-)
-@click.option("--source-gpus", type=click.IntRange(min=1), help="GPUs the config was written for (default 1).")
-@click.option("--global-batch", type=click.IntRange(min=1), help="Source global batch, set directly.")
-@click.option("--headroom", type=click.FloatRange(0.0, 0.9), default=0.12, show_default=True)
-@click.option("--params", help="Model size when config.json is not at hand, e.g. 7B.")
-@click.option("--model-config", type=click.Path(dir_okay=False, exists=True), help="A config.json sizing the model.")
+@target_options
 @click.option(
     "--probe-steps",
     type=click.IntRange(min=2),
@@ -102,7 +86,7 @@ def estimate_cmd(
 
     if probe_steps and (gpu or hardware_file):
         raise click.UsageError("--probe-steps measures this machine; it cannot be combined with --gpu or --hardware")
-    env = _env()
+    env = env_now()
     req = PlanRequest(
         config=config,
         overrides=tuple(overrides),
@@ -293,7 +277,7 @@ def plot_cmd(run: str | None, out: str | None) -> None:
     from .progress import parse_trainer_log
     from .runstore import find_run, read_events, read_state
 
-    env = _env()
+    env = env_now()
     events: list[dict[str, Any]] = []
     if run and Path(run).is_dir() and (Path(run) / "trainer_log.jsonl").is_file():
         output_dir = Path(run)

@@ -5,7 +5,6 @@ Model: accelerate ``prepare_simple_launcher_cmd_env``: returns (cmd, env), runs 
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from collections.abc import Mapping
@@ -69,7 +68,3 @@ def redact(text: str, env: Mapping[str, str]) -> str:
 def public_env(env: Mapping[str, str]) -> dict[str, str]:
     """The plan's env as it may be stored: secrets never leave the process."""
     return {k: ("***" if k in SECRET_ENV else v) for k, v in env.items()}
-
-
-def python_executable() -> str:
-    return sys.executable or os.environ.get("PYTHON", "python3")

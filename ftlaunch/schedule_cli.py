@@ -14,13 +14,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from .cli_options import env_now
+
 console = Console()
 err_console = Console(stderr=True)
-
-
-def _env() -> dict[str, str]:
-    """The environment is input, read in one place, at call time."""
-    return dict(os.environ)
 
 
 def _echo_json(obj: Any) -> None:
@@ -110,7 +107,7 @@ def add(
         max_crash_retries=max_crash_retries,
         cwd=os.getcwd(),
     )
-    a = add_schedule(spec, _env(), install=not print_only)
+    a = add_schedule(spec, env_now(), install=not print_only)
     nxt = a.next_time.strftime("%Y-%m-%d %H:%M") if a.next_time else "never"
     if as_json:
         _echo_json({"name": name, "line": a.line, "units": a.units, "installed": a.installed, "next": nxt})
@@ -142,7 +139,7 @@ def list_cmd(as_json: bool) -> None:
     """
     from .schedule import list_views
 
-    rows = list_views(_env())
+    rows = list_views(env_now())
     if as_json:
         _echo_json(rows)
         return
@@ -172,7 +169,7 @@ def remove(name: str) -> None:
     """
     from .schedule import remove_schedule
 
-    r = remove_schedule(name, _env())
+    r = remove_schedule(name, env_now())
     what = "its crontab line removed" if r.entries_removed else "no crontab line was installed"
     click.echo(f"removed schedule {name} ({what})")
 
@@ -194,7 +191,7 @@ def run(name: str) -> None:
     def say(text: str) -> None:
         err_console.print(text, highlight=False, markup=False)
 
-    r = run_schedule(name, _env(), echo=sys.stdout.isatty(), say=say)
+    r = run_schedule(name, env_now(), echo=sys.stdout.isatty(), say=say)
     if r.notify_error:
         say(f"schedule {name}: notification failed (the run's result stands): {r.notify_error}")
     sys.exit(r.exit_code)

@@ -478,10 +478,6 @@ def all_runs(env: Mapping[str, str]) -> list[dict[str, Any]]:
     return out
 
 
-def events_of(run_dir: Path) -> list[dict[str, Any]]:
-    return read_events(run_dir)
-
-
 # ---------------------------------------------------------------- hub
 
 

@@ -30,6 +30,7 @@ from .errors import BusyError, ExitCode, FtlaunchError
 from .launch import find_trainer, redact, trainer_command, trainer_env
 from .locks import try_flock
 from .memory_store import remember
+from .procs import start_time
 from .recovery import ZERO3_OFFLOAD, Budget, classify, decide
 from .runstore import (
     FailureKind,
@@ -131,7 +132,7 @@ class Supervisor:
             self.run_dir,
             status=RunStatus.STARTING.value,
             pid=os.getpid(),
-            pid_start=_self_start_time(),
+            pid_start=start_time(os.getpid()),
             ended=None,
             exit_code=None,
         )
@@ -299,7 +300,7 @@ class Supervisor:
             self._say(f"ftlaunch: cannot start the trainer: {exc}")
             return 127, f"FileNotFoundError: cannot start the trainer: {exc}", ckpt_before, ckpt_before, None
         trainer = self.trainer
-        update_state(self.run_dir, trainer_pid=trainer.pid, trainer_start=_start_time(trainer.pid))
+        update_state(self.run_dir, trainer_pid=trainer.pid, trainer_start=start_time(trainer.pid))
         pump = threading.Thread(target=self._pump, args=(trainer.stdout, log_path), daemon=True)
         pump.start()
         first: tuple[int, float] | None = None
@@ -408,16 +409,6 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _start_time(pid: int) -> float | None:
-    from .procs import start_time
-
-    return start_time(pid)
-
-
-def _self_start_time() -> float | None:
-    return _start_time(os.getpid())
 
 
 def main(argv: list[str] | None = None) -> int:
