@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .cli_options import env_now, target_options
+from .cli_options import env_now, plan_options, run_options
 from .errors import DoesNotFitError, ExitCode, FtlaunchError
+from .render import Out, add_id_column
 
-console = Console()
-err_console = Console(stderr=True)
+console = Out()
+err_console = Out(stderr=True)
 
 PASSTHROUGH = ("api", "chat", "eval", "export", "webchat", "webui", "version")
 
@@ -69,41 +69,10 @@ def main() -> None:
     """
 
 
-def plan_options(f):
-    """The shared target options, plus what only plan/train take (--mirror, --host-ram)."""
-    f = target_options(f)
-    f = click.option(
-        "--mirror",
-        help="Pre-download the model (and, for train, hub datasets named in the config) first: auto, hf, "
-        "hf-mirror, modelscope or a URL (plan fetches config.json only).",
-    )(f)
-    f = click.option(
-        "--host-ram",
-        "host_ram_gib",
-        type=click.FloatRange(min=1),
-        help="Host RAM in GiB to plan with (CPU offload); default: this machine's.",
-    )(f)
-    return f
-
-
 def _request(config: str, overrides: tuple[str, ...], strict: bool, **kw: Any):
-    from .service import PlanRequest
+    from .run_options import RunOptions
 
-    return PlanRequest(
-        config=config,
-        overrides=tuple(overrides),
-        gpu=kw.get("gpu"),
-        hardware_file=kw.get("hardware_file"),
-        source_gpus=kw.get("source_gpus"),
-        global_batch=kw.get("global_batch"),
-        headroom=kw.get("headroom", 0.12),
-        params=kw.get("params"),
-        model_config=kw.get("model_config"),
-        host_ram_gib=kw.get("host_ram_gib"),
-        mirror=kw.get("mirror"),
-        download_weights=strict and kw.get("mirror") is not None,
-        strict_files=strict,
-    )
+    return RunOptions.from_kwargs(dict(kw)).plan_request(config, overrides, strict=strict)
 
 
 @main.command()
@@ -138,35 +107,20 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, **kw: Any) -> N
 @main.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.argument("overrides", nargs=-1)
-@plan_options
+@run_options
 @click.option("--foreground", is_flag=True, help="Run attached and exit with the run's code (schedulers, containers).")
 @click.option("--follow", "-f", is_flag=True, help="Start detached, then follow the log (Ctrl-C stops following only).")
-@click.option("--name", help="A name for the run (default: the output_dir's last part).")
 @click.option(
-    "--max-retries",
-    type=click.IntRange(min=0),
-    default=4,
-    show_default=True,
-    help="OOM recovery steps without progress before giving up.",
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print {"id", "run_dir", "pid"} once started (--foreground: {"id", "run_dir", "exit_code"} at the end).',
 )
-@click.option(
-    "--max-crash-retries",
-    type=click.IntRange(min=0),
-    default=2,
-    show_default=True,
-    help="Retries after a crash that is not an OOM or a config error.",
-)
-@click.option("--no-recover", is_flag=True, help="Never retry: a failure ends the run.")
-@click.option("--json", "as_json", is_flag=True, help='Print {"id", "run_dir"} once started.')
 def train(
     config: str,
     overrides: tuple[str, ...],
     foreground: bool,
     follow: bool,
-    name: str | None,
-    max_retries: int,
-    max_crash_retries: int,
-    no_recover: bool,
     as_json: bool,
     **kw: Any,
 ) -> None:
@@ -182,25 +136,20 @@ def train(
       ftlaunch train cfg.yaml --foreground
     """
     from .launch import find_trainer
-    from .render import plan_text
+    from .render import plan_renderables
+    from .run_options import RunOptions
     from .service import create_run, make_plan, start_detached
     from .supervisor import Supervisor, check_output_free
 
     env = env_now()
-    loaded, p = make_plan(_request(config, overrides, True, **kw), env)
+    opts = RunOptions.from_kwargs(kw)
+    loaded, p = make_plan(opts.plan_request(config, overrides, strict=True), env)
     find_trainer(env)
     check_output_free(env, str(p.config.get("output_dir", "")))
-    run_dir = create_run(
-        loaded,
-        p,
-        env,
-        name=name,
-        recover=not no_recover,
-        max_retries=max_retries,
-        max_crash_retries=max_crash_retries,
-    )
+    run_dir = create_run(loaded, p, env, **opts.supervisor_settings())
     if not as_json:
-        err_console.print(plan_text(p), highlight=False, markup=False)
+        for r in plan_renderables(p):
+            err_console.print(r)
     if foreground:
         err_console.print(f"run {run_dir.name} (foreground); run dir {run_dir}", highlight=False)
         code = Supervisor(run_dir, env, echo=not as_json).run()
@@ -219,11 +168,15 @@ def train(
         _follow_and_exit(run_dir)
 
 
-def _follow_and_exit(run_dir: Path) -> None:
+# Re-attaching to a live run shows the recent past, not the whole log.
+FOLLOW_TAIL_LINES = 20
+
+
+def _follow_and_exit(run_dir: Path, tail_lines: int | None = None) -> None:
     """Follow to the end, then exit like `status`: 0 succeeded, 1 failed/stopped, 11 still running."""
     from .service import run_view
 
-    _follow(run_dir)
+    _follow(run_dir, tail_lines=tail_lines)
     sys.exit(STATUS_EXIT.get(run_view(run_dir)["status"], 1))
 
 
@@ -306,8 +259,9 @@ def runs(as_json: bool) -> None:
         _echo_json(rows)
         return
     t = Table(title=f"{len(rows)} run(s)")
-    for col in ("id", "name", "status", "attempt", "progress", "loss", "started", "output_dir"):
-        t.add_column(col)
+    add_id_column(t, "id", [r["id"] for r in rows])
+    for col in ("name", "status", "attempt", "progress", "loss", "started", "output_dir"):
+        t.add_column(col, overflow="fold")
     for r in rows:
         prog = f"{r.get('step')}/{r.get('total_steps')}" if r.get("total_steps") else "-"
         loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-"
@@ -415,21 +369,34 @@ def logs(run: str | None, follow: bool) -> None:
 
     run_dir = resolve_run(env_now(), run)
     if follow:
-        _follow(run_dir, from_start=True)
+        _follow(run_dir)
         return
     with open(run_dir / "train.log", "rb") as f:
         sys.stdout.buffer.write(f.read())
 
 
-def _follow(run_dir: Path, from_start: bool = True, poll: float = 0.3) -> None:
+def _tail_offset(f: Any, lines: int, block: int = 8192) -> int:
+    """Byte offset where the last `lines` lines of the open binary file `f` start."""
+    end = f.seek(0, 2)
+    pos, data = end, b""
+    while pos > 0 and data.count(b"\n") <= lines:
+        pos = max(0, pos - block)
+        f.seek(pos)
+        data = f.read(end - pos)
+    cut = data.split(b"\n")
+    keep = b"\n".join(cut[-(lines + 1) :]) if len(cut) > lines + 1 else data
+    return end - len(keep)
+
+
+def _follow(run_dir: Path, tail_lines: int | None = None, poll: float = 0.3) -> None:
+    """Print the log (all of it, or its last `tail_lines` lines), then follow until the run ends."""
     from .runstore import RunStatus
     from .service import run_view
 
     path = run_dir / "train.log"
     try:
         with open(path, "rb") as f:
-            if not from_start:
-                f.seek(0, 2)
+            f.seek(0 if tail_lines is None else _tail_offset(f, tail_lines))
             quiet_since: float | None = None
             while True:
                 chunk = f.read()
@@ -466,16 +433,23 @@ def stop(run: str | None, grace: float) -> None:
 @main.command()
 @click.argument("args", nargs=-1)
 @click.option("--foreground", is_flag=True, help="Run attached instead of detached.")
-@click.option("--follow", "-f", is_flag=True, help="Follow the log after resuming.")
-def resume(args: tuple[str, ...], foreground: bool, follow: bool) -> None:
-    """Re-attach to RUN if alive; else restart it from its last complete checkpoint.
+@click.option(
+    "--follow/--no-follow",
+    "-f",
+    default=None,
+    help="Follow the log until the run ends [default: follow a live run, not a restarted one].",
+)
+def resume(args: tuple[str, ...], foreground: bool, follow: bool | None) -> None:
+    """Re-attach to RUN if alive (follow its log); else restart it from its last complete checkpoint.
 
     ARGS: [RUN] [key=value ...]. Overrides change the run's adapted config before it restarts
     (a run that gave up, resumed by hand after a change); the global batch should stay the same.
+    While following, Ctrl-C stops following only; at the end it exits like `status`.
 
     \b
     Examples:
       ftlaunch resume            # after SSH loss, a reboot or `ftlaunch stop`
+      ftlaunch resume --no-follow
       ftlaunch resume nightly per_device_train_batch_size=1 gradient_accumulation_steps=64
     """
     from .service import resolve_run, resume_run
@@ -487,9 +461,13 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool) -> None:
     run_dir = resolve_run(env_now(), runs[0] if runs else None)
     what, value = resume_run(run_dir, env_now(), foreground=foreground, overrides=overrides)
     if what == "alive":
-        click.echo(f"run {run_dir.name} is alive (supervisor pid {value}); following its log")
-        if sys.stdout.isatty() or follow:
-            _follow(run_dir)
+        if follow is False:
+            click.echo(
+                f"run {run_dir.name} is alive (supervisor pid {value}); follow it: ftlaunch logs -f {run_dir.name}"
+            )
+            return
+        click.echo(f"run {run_dir.name} is alive (supervisor pid {value}); following its log (Ctrl-C stops following)")
+        _follow_and_exit(run_dir, tail_lines=FOLLOW_TAIL_LINES)
     elif what == "finished":
         click.echo(f"run {run_dir.name} already succeeded; nothing to do")
     elif what == "foreground":
@@ -497,7 +475,8 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool) -> None:
     else:
         click.echo(f"run {run_dir.name} restarted (supervisor pid {value})")
         if follow:
-            _follow(run_dir)
+            _follow_and_exit(run_dir, tail_lines=FOLLOW_TAIL_LINES)
+        click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
 
 
 def _passthrough(name: str) -> click.Command:

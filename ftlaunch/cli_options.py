@@ -1,6 +1,11 @@
-"""What the click edges share: the environment as input, and the "what to plan for" options.
+"""What the click edges share: the environment as input, and the option sets, each declared once.
 
-`plan`, `train` and `estimate` take the same hardware and batch options; they are declared once here.
+- `target_options`: what to plan for (hardware, batch, memory policy): plan, train, estimate, schedule add.
+- `plan_options`: those plus --mirror and --host-ram: plan, train, schedule add.
+- `run_options`: those plus how the supervisor behaves (--name, retries, --no-recover): every command
+  that starts a run (`train`, `schedule add`). Their values become one `RunOptions`
+  (ftlaunch/run_options.py). An option that only makes sense for one output_dir or one terminal
+  (--fresh, --follow, --foreground) goes on `train` itself.
 """
 
 from __future__ import annotations
@@ -45,4 +50,43 @@ def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Path(dir_okay=False, exists=True),
         help="A config.json that sizes the model when the weights are elsewhere (hub id).",
     )(f)
+    return f
+
+
+def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The target options, plus --mirror and --host-ram."""
+    f = target_options(f)
+    f = click.option(
+        "--mirror",
+        help="Pre-download the model (and, for train, hub datasets named in the config) first: auto, hf, "
+        "hf-mirror, modelscope or a URL (plan fetches config.json only).",
+    )(f)
+    f = click.option(
+        "--host-ram",
+        "host_ram_gib",
+        type=click.FloatRange(min=1),
+        help="Host RAM in GiB to plan with (CPU offload); default: this machine's, or the catalog card's machine.",
+    )(f)
+    return f
+
+
+def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The plan options, plus the supervisor's: --name, --max-retries, --max-crash-retries, --no-recover."""
+    f = plan_options(f)
+    f = click.option("--name", "run_name", help="A name for the run (default: the output_dir's last part).")(f)
+    f = click.option(
+        "--max-retries",
+        type=click.IntRange(min=0),
+        default=4,
+        show_default=True,
+        help="OOM recovery steps without progress before giving up.",
+    )(f)
+    f = click.option(
+        "--max-crash-retries",
+        type=click.IntRange(min=0),
+        default=2,
+        show_default=True,
+        help="Retries after a crash that is not an OOM or a config error.",
+    )(f)
+    f = click.option("--no-recover", is_flag=True, default=None, help="Never retry: a failure ends the run.")(f)
     return f

@@ -184,12 +184,11 @@ def _fmt_hours(pair: Sequence[float] | None) -> str:
 
 
 def _render(out: Mapping[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    from .render import memory_table
+    from .render import Out, memory_table
 
-    console = Console()
+    console = Out()
     pc = out["length_percentiles"]
     data = Table(title=f"data (stage {out['stage']}, as llamafactory tokenizes it)", show_header=False)
     data.add_column("what")

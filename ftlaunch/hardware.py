@@ -174,7 +174,9 @@ def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
         return Hardware(source="catalog:none", host_ram_gib=host_ram_gib)
     count = 1
     m = re.fullmatch(r"(.+?)\s*[xX\*]\s*(\d+)", text) or None
-    if m and _norm(m.group(1)) in {_norm(k) for k in CATALOG}:
+    names = [_norm(k) for k in CATALOG]
+    whole_is_a_name = any(n.startswith(_norm(text)) for n in names)  # "RTX4090" is not "RT" x 4090
+    if m and not whole_is_a_name and any(n.startswith(_norm(m.group(1))) for n in names):
         text, count = m.group(1), int(m.group(2))
     else:
         m2 = re.fullmatch(r"(\d+)\s*[xX\*]\s*(.+)", text)
@@ -185,12 +187,17 @@ def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
     if not matches:
         # Accept "H100" for "H100-80GB" and "V100" when the prefix is unambiguous.
         matches = [k for k in CATALOG if _norm(k).startswith(wanted)]
-    if len(matches) != 1 or count < 1:
-        known = ", ".join(CATALOG)
-        why = "is ambiguous" if len(matches) > 1 else "is not in the catalog"
+    if count < 1:
+        raise HardwareError(f"--gpu {spec!r}: the card count must be 1 or more", hint="e.g. A100-80GBx4")
+    if len(matches) > 1:
         raise HardwareError(
-            f"--gpu {spec!r} {why}",
-            hint=f"use one of: {known}, optionally with xN (e.g. A100-80GBx4), or 'none'; "
+            f"--gpu {spec!r} is ambiguous: it could be {' or '.join(matches)}",
+            hint=f"name one of them, e.g. --gpu {matches[0]}" + (f"x{count}" if count > 1 else ""),
+        )
+    if not matches:
+        raise HardwareError(
+            f"--gpu {spec!r} is not in the catalog",
+            hint=f"use one of: {', '.join(CATALOG)}, optionally with xN (e.g. A100-80GBx4), or 'none'; "
             "or capture the machine with `ftlaunch env --json` and pass --hardware FILE",
         )
     key = matches[0]

@@ -4,13 +4,49 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+import sys
+from collections.abc import Iterable
+from typing import IO, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from .hardware import Hardware
 from .planner import REMOVED, Plan
+
+# Width for output that is not a terminal (CI logs, cron mail, `| tee`): wide enough for the plan
+# table's reasons, narrow enough to read in a pager. A terminal gets its own width.
+PIPE_WIDTH = 100
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Out:
+    """A rich console bound at print time to the current stdout/stderr (click's test runner swaps them).
+
+    A terminal gets its real width; anything else PIPE_WIDTH columns and no colour.
+    """
+
+    def __init__(self, stderr: bool = False) -> None:
+        self.stderr = stderr
+
+    def console(self) -> Console:
+        stream = sys.stderr if self.stderr else sys.stdout
+        return Console(file=stream, width=None if _isatty(stream) else PIPE_WIDTH)
+
+    def print(self, *objects: Any, **kw: Any) -> None:
+        self.console().print(*objects, **kw)
+
+
+def add_id_column(table: Table, header: str, ids: Iterable[str]) -> None:
+    """A column that is never cut or wrapped: other columns wrap first (ids are what commands take)."""
+    width = max([len(header), *(len(i) for i in ids)])
+    table.add_column(header, no_wrap=True, min_width=width, overflow="ignore")
 
 
 def _fmt(v: Any) -> str:
@@ -91,8 +127,9 @@ def memory_table(mem: Any) -> Table:
 
 
 def plan_text(plan: Plan, title: str = "ftlaunch plan") -> str:
+    """The plan as plain text for plan.txt (PIPE_WIDTH columns, like any output that is not a terminal)."""
     buf = io.StringIO()
-    console = Console(file=buf, width=140, no_color=True, force_terminal=False)
+    console = Console(file=buf, width=PIPE_WIDTH, no_color=True, force_terminal=False)
     for r in plan_renderables(plan, title):
         console.print(r)
     return buf.getvalue()

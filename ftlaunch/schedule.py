@@ -38,6 +38,7 @@ from .crontab import Crontab, CrontabError, add_entry, cron_line, find_crontab, 
 from .errors import BusyError, ConfigError, FtlaunchError, RunNotFoundError, StateError
 from .launch import SECRET_ENV
 from .locks import try_flock
+from .run_options import RunOptions
 from .runstore import home, now_iso, write_json_atomic
 
 SCHEDULE_VERSION = 1
@@ -407,11 +408,7 @@ class ScheduleSpec:
     keep: int | None = None
     only_if_changed: bool = False
     notify: str | None = None
-    gpu: str | None = None
-    source_gpus: int | None = None
-    global_batch: int | None = None
-    max_retries: int = 4
-    max_crash_retries: int = 2
+    run: RunOptions = RunOptions()  # everything `train` takes: scheduled runs are the same runs
     cwd: str | None = None
 
 
@@ -424,20 +421,15 @@ class Added:
     next_time: datetime | None
 
 
-def _plan_request(rec: Mapping[str, Any], output_dir: str) -> Any:
-    from .service import PlanRequest
+def run_options_of(rec: Mapping[str, Any]) -> RunOptions:
+    """The run options a record was added with (older records hold a subset under the same keys)."""
+    return RunOptions.from_dict({**rec, "run_name": rec.get("run_name") or rec["name"]})
 
+
+def _plan_request(rec: Mapping[str, Any], output_dir: str) -> Any:
     # JSON is valid YAML: the path stays one string whatever characters it holds.
     over = (*rec.get("overrides", ()), f"output_dir={json.dumps(output_dir)}")
-    return PlanRequest(
-        config=rec["config"],
-        overrides=tuple(over),
-        gpu=rec.get("gpu"),
-        source_gpus=rec.get("source_gpus"),
-        global_batch=rec.get("global_batch"),
-        strict_files=True,
-        cwd=rec.get("cwd"),
-    )
+    return run_options_of(rec).plan_request(rec["config"], tuple(over), strict=True, cwd=rec.get("cwd"))
 
 
 def _base_output_dir(rec: Mapping[str, Any]) -> tuple[Path, dict[str, Any], Path]:
@@ -477,21 +469,19 @@ def add_schedule(
             f"schedule {spec.name!r} already exists",
             hint=f"`ftlaunch schedule remove {spec.name}` first, or choose another name",
         )
+    cwd = spec.cwd or os.getcwd()
+    run = spec.run.absolute(cwd).to_dict()
     rec: dict[str, Any] = {
         "version": SCHEDULE_VERSION,
         "name": spec.name,
         "cron": cron.text,
-        "config": str(Path(spec.cwd or os.getcwd(), spec.config).absolute()),
+        "config": str(Path(cwd, spec.config).absolute()),
         "overrides": list(spec.overrides),
-        "cwd": spec.cwd or os.getcwd(),
+        "cwd": cwd,
         "keep": spec.keep,
         "only_if_changed": spec.only_if_changed,
         "notify": spec.notify,
-        "gpu": spec.gpu,
-        "source_gpus": spec.source_gpus,
-        "global_batch": spec.global_batch,
-        "max_retries": spec.max_retries,
-        "max_crash_retries": spec.max_crash_retries,
+        **run,
     }
     base, _, _ = _base_output_dir(rec)
     rec["output_dir"] = str(base)
@@ -642,13 +632,7 @@ def _run_locked(
             raise ConfigError(f"output_dir override did not apply ({p.config.get('output_dir')} != {vdir})")
         find_trainer(env)
         run_dir = create_run(
-            loaded,
-            p,
-            env,
-            name=name,
-            max_retries=int(rec.get("max_retries", 4)),
-            max_crash_retries=int(rec.get("max_crash_retries", 2)),
-            extra_state={"schedule": name},
+            loaded, p, env, **run_options_of(rec).supervisor_settings(), extra_state={"schedule": name}
         )
     except FtlaunchError as exc:
         code = int(exc.exit_code)

@@ -11,13 +11,13 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from .cli_options import env_now
+from .cli_options import env_now, run_options
+from .render import Out, add_id_column
 
-console = Console()
-err_console = Console(stderr=True)
+console = Out()
+err_console = Out(stderr=True)
 
 
 def _echo_json(obj: Any) -> None:
@@ -51,11 +51,7 @@ def schedule_group() -> None:
     help="Skip when config and dataset files are unchanged since the last success.",
 )
 @click.option("--notify", help="On success and failure: POST a JSON summary to this URL, or run this command.")
-@click.option("--gpu", help="Plan for a catalog card instead of probing, as in `ftlaunch plan`.")
-@click.option("--source-gpus", type=click.IntRange(min=1), help="GPUs the config was written for (default 1).")
-@click.option("--global-batch", type=click.IntRange(min=1), help="Source global batch, set directly.")
-@click.option("--max-retries", type=click.IntRange(min=0), default=4, show_default=True, help="OOM recovery steps.")
-@click.option("--max-crash-retries", type=click.IntRange(min=0), default=2, show_default=True, help="Crash retries.")
+@run_options
 @click.option(
     "--print",
     "print_only",
@@ -71,18 +67,15 @@ def add(
     keep: int | None,
     only_if_changed: bool,
     notify: str | None,
-    gpu: str | None,
-    source_gpus: int | None,
-    global_batch: int | None,
-    max_retries: int,
-    max_crash_retries: int,
     print_only: bool,
     as_json: bool,
+    **kw: Any,
 ) -> None:
     """Schedule CONFIG as NAME: check the cron expression, plan the config now, install one crontab line.
 
-    The line calls this same Python environment by absolute path and carries FTLAUNCH_HOME, never
-    secrets. Every other line of your crontab stays as it is.
+    Takes every option `train` takes (hardware, batch, memory, --mirror, --name, retries), so a
+    scheduled run is the same run. The line calls this same Python environment by absolute path and
+    carries FTLAUNCH_HOME, never secrets. Every other line of your crontab stays as it is.
 
     \b
     Example:
@@ -90,6 +83,7 @@ def add(
       ftlaunch schedule add weekly cfg.yaml learning_rate=1e-5 --cron @weekly --notify https://hooks.example/x
       ftlaunch schedule add nightly cfg.yaml --cron "0 2 * * *" --print   # install it yourself
     """
+    from .run_options import RunOptions
     from .schedule import ScheduleSpec, add_schedule
 
     spec = ScheduleSpec(
@@ -100,11 +94,7 @@ def add(
         keep=keep,
         only_if_changed=only_if_changed,
         notify=notify,
-        gpu=gpu,
-        source_gpus=source_gpus,
-        global_batch=global_batch,
-        max_retries=max_retries,
-        max_crash_retries=max_crash_retries,
+        run=RunOptions.from_kwargs(kw),
         cwd=os.getcwd(),
     )
     a = add_schedule(spec, env_now(), install=not print_only)
@@ -144,8 +134,9 @@ def list_cmd(as_json: bool) -> None:
         _echo_json(rows)
         return
     t = Table(title=f"{len(rows)} schedule(s)")
-    for col in ("name", "cron", "config", "last run", "result", "next"):
-        t.add_column(col)
+    add_id_column(t, "name", [r["name"] for r in rows])
+    for col in ("cron", "config", "last run", "result", "next"):
+        t.add_column(col, overflow="fold")
     for r in rows:
         t.add_row(
             r["name"],

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT.parent / "shared" / "corpus"
+# Vendored copies of the shared corpus (see tests/data/corpus/README.md): tests read nothing outside the repo.
+CORPUS = ROOT / "tests" / "data" / "corpus"
 EXAMPLES = CORPUS / "llamafactory-examples"
 MODEL_CONFIGS = CORPUS / "model-configs"
 

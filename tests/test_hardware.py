@@ -132,6 +132,12 @@ def test_catalog_none_and_unknown():
         catalog_hardware("B300")
     with pytest.raises(HardwareError, match="ambiguous"):
         catalog_hardware("A100")
+    # An ambiguous name lists only the cards it could mean, not the whole catalog.
+    with pytest.raises(HardwareError) as info:
+        catalog_hardware("V100x2")
+    text = f"{info.value.message} {info.value.hint}"
+    assert "V100-16GB" in text and "V100-32GB" in text and "H100" not in text and "T4" not in text
+    assert "V100-16GBx2" in info.value.hint
 
 
 def test_hardware_file_round_trip(tmp_path):

@@ -24,12 +24,11 @@ from ftlaunch.memory import (
 from ftlaunch.modelspec import ModelSpec, embedding_params, spec_from_config, spec_from_param_count
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "corpus"
+CORPUS = ROOT / "tests" / "data" / "corpus"
 CONFIGS = CORPUS / "model-configs"
 EXAMPLES = CORPUS / "llamafactory-examples" / "examples"
 
-# The four corpus shapes, inlined so the tests also run without the shared corpus (the corpus
-# copies are compared against these below when present).
+# The four corpus shapes, inlined for readability (compared against the vendored corpus below).
 SHAPES: dict[str, dict] = {
     "llama3-8b": dict(
         model_type="llama",
@@ -92,7 +91,6 @@ def _states_bytes(spec: ModelSpec, setup: TrainSetup) -> float:
     return (e.weights_gib + e.gradients_gib + e.optimizer_gib) * GIB
 
 
-@pytest.mark.skipif(not CONFIGS.is_dir(), reason="shared corpus not present")
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_inlined_shapes_match_corpus(name: str) -> None:
     cfg = json.loads((CONFIGS / name / "config.json").read_text())
@@ -517,7 +515,6 @@ def test_setup_deepspeed_name_fallback() -> None:
     assert s.zero_stage == 1  # the parsed dict wins over the name
 
 
-@pytest.mark.skipif(not EXAMPLES.is_dir(), reason="shared corpus not present")
 def test_setup_from_llamafactory_examples() -> None:
     yaml = pytest.importorskip("yaml")
 

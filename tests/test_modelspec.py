@@ -20,20 +20,18 @@ from ftlaunch.modelspec import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "corpus" / "model-configs"
+CORPUS = ROOT / "tests" / "data" / "corpus" / "model-configs"
 COUNTS_FILE = CORPUS / "parameter-counts.json"
-needs_corpus = pytest.mark.skipif(not COUNTS_FILE.is_file(), reason="shared corpus not present")
 
 
 def _counts() -> dict[str, int]:
-    return json.loads(COUNTS_FILE.read_text()) if COUNTS_FILE.is_file() else {}
+    return json.loads(COUNTS_FILE.read_text())
 
 
 # ---------------------------------------------------------------- corpus oracle (exact equality)
 
 
-@needs_corpus
-@pytest.mark.parametrize("name", sorted(_counts()) or ["none"])
+@pytest.mark.parametrize("name", sorted(_counts()))
 def test_corpus_configs_count_exactly(name: str) -> None:
     spec = load_model_spec(CORPUS / name)
     assert spec is not None
@@ -41,7 +39,6 @@ def test_corpus_configs_count_exactly(name: str) -> None:
     assert spec.count_method == "exact"
 
 
-@needs_corpus
 def test_corpus_shapes_are_read() -> None:
     llama = load_model_spec(CORPUS / "llama3-8b")
     assert llama is not None
@@ -62,7 +59,6 @@ def test_corpus_shapes_are_read() -> None:
     assert spec_from_config(cfg).params == _counts()["qwen2.5-1.5b"]
 
 
-@needs_corpus
 def test_lora_r8_all_on_llama3_8b_matches_peft_count() -> None:
     # peft print_trainable_parameters for Llama-3-8B, r=8 on all linear layers: 20,971,520
     spec = load_model_spec(CORPUS / "llama3-8b")
@@ -278,8 +274,7 @@ def test_matches_transformers(hf, family: str) -> None:
         assert spec_from_config(cfg).params == _hf_count(hf, cfg), tie
 
 
-@needs_corpus
-@pytest.mark.parametrize("name", sorted(_counts()) or ["none"])
+@pytest.mark.parametrize("name", sorted(_counts()))
 def test_corpus_oracle_agrees_with_transformers(hf, name: str) -> None:
     cfg = load_config_json(CORPUS / name)
     assert cfg is not None

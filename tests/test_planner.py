@@ -14,6 +14,7 @@ from .conftest import EXAMPLES
 CONFIGS = sorted(
     str(p.relative_to(EXAMPLES)) for p in (EXAMPLES / "examples").rglob("*.yaml") if "accelerate" not in p.parts
 )
+assert len(CONFIGS) >= 7, "the vendored corpus under tests/data/corpus is incomplete"
 CARDS = ["V100-32GB", "T4", "A100-80GB", "A100-80GBx4", "none"]
 
 

@@ -28,6 +28,7 @@ from ftlaunch import schedule as sch
 from ftlaunch.cli import main
 from ftlaunch.cron import ScheduleError, next_fire, on_calendar, parse_cron
 from ftlaunch.crontab import add_entry, entries, remove_entry
+from ftlaunch.run_options import RunOptions
 from ftlaunch.schedule_cli import schedule_group
 
 from .conftest import ROOT, tiny_config, write_yaml
@@ -401,7 +402,7 @@ def test_versions_latest_and_pruning(project, fake_trainer, tmp_path, isolated_h
         {"ok": True},
     )
     env = dict(os.environ)
-    spec = sch.ScheduleSpec("nightly", str(project), "0 2 * * *", keep=2, gpu="A10G", cwd=str(tmp_path))
+    spec = sch.ScheduleSpec("nightly", str(project), "0 2 * * *", keep=2, run=RunOptions(gpu="A10G"), cwd=str(tmp_path))
     sch.add_schedule(spec, env, install=False)
     clock = clock_from(datetime(2026, 3, 1, 2, 0, tzinfo=UTC))
     out = tmp_path / "out"
@@ -433,7 +434,11 @@ def test_a_supervisor_that_refuses_is_recorded_and_notified(project, fake_traine
     from ftlaunch.supervisor import acquire_output_lock
 
     env = dict(os.environ)
-    sch.add_schedule(sch.ScheduleSpec("nightly", str(project), "@daily", gpu="A10G", notify="true"), env, install=False)
+    sch.add_schedule(
+        sch.ScheduleSpec("nightly", str(project), "@daily", run=RunOptions(gpu="A10G"), notify="true"),
+        env,
+        install=False,
+    )
     when = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
     held = acquire_output_lock(env, str(tmp_path / "out" / "nightly-20260301T020000Z"), "someone-else")
     sent = []
