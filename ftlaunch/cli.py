@@ -18,7 +18,7 @@ from rich.table import Table
 from . import __version__
 from .cli_options import env_now, plan_options, run_options
 from .errors import DoesNotFitError, ExitCode, FtlaunchError
-from .render import Out, add_id_column
+from .render import Out, runs_table
 
 console = Out()
 err_console = Out(stderr=True)
@@ -92,7 +92,12 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, **kw: Any) -> N
     from .render import plan_renderables
     from .service import make_plan
 
-    _, p = make_plan(_request(config, overrides, False, **kw), env_now())
+    try:
+        _, p = make_plan(_request(config, overrides, False, **kw), env_now())
+    except DoesNotFitError as exc:
+        if as_json:  # the whole object on stdout too; the error and table still go to stderr, exit 5
+            _echo_json({**exc.payload, "error": exc.message, "alternatives": exc.alternatives})
+        raise
     if as_json:
         from .launch import public_env
 
@@ -111,6 +116,18 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, **kw: Any) -> N
 @click.option("--foreground", is_flag=True, help="Run attached and exit with the run's code (schedulers, containers).")
 @click.option("--follow", "-f", is_flag=True, help="Start detached, then follow the log (Ctrl-C stops following only).")
 @click.option(
+    "--resume-existing",
+    "existing",
+    flag_value="resume",
+    help="The output_dir holds checkpoints no ftlaunch run of this config left: continue from them.",
+)
+@click.option(
+    "--fresh",
+    "existing",
+    flag_value="fresh",
+    help="Move the output_dir's old content aside into <output_dir>.old-<UTC> (never deleted), then start afresh.",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -121,6 +138,7 @@ def train(
     overrides: tuple[str, ...],
     foreground: bool,
     follow: bool,
+    existing: str | None,
     as_json: bool,
     **kw: Any,
 ) -> None:
@@ -138,25 +156,25 @@ def train(
     from .launch import find_trainer
     from .render import plan_renderables
     from .run_options import RunOptions
-    from .service import create_run, make_plan, start_detached
-    from .supervisor import Supervisor, check_output_free
+    from .service import Existing, make_plan, new_run, start_detached
+    from .supervisor import Supervisor
 
     env = env_now()
     opts = RunOptions.from_kwargs(kw)
     loaded, p = make_plan(opts.plan_request(config, overrides, strict=True), env)
     find_trainer(env)
-    check_output_free(env, str(p.config.get("output_dir", "")))
-    run_dir = create_run(loaded, p, env, **opts.supervisor_settings())
+    # Holds the output_dir's lock from here on, handed to the supervisor: exit 7 if it is taken.
+    run_dir, lock = new_run(loaded, p, env, existing=Existing(existing or "refuse"), **opts.supervisor_settings())
     if not as_json:
         for r in plan_renderables(p):
             err_console.print(r)
     if foreground:
         err_console.print(f"run {run_dir.name} (foreground); run dir {run_dir}", highlight=False)
-        code = Supervisor(run_dir, env, echo=not as_json).run()
+        code = Supervisor(run_dir, env, echo=not as_json, lock=lock).run()
         if as_json:
             _echo_json({"id": run_dir.name, "run_dir": str(run_dir), "exit_code": code})
         sys.exit(code)
-    pid = start_detached(run_dir, env)
+    pid = start_detached(run_dir, env, lock=lock)
     if as_json:
         _echo_json({"id": run_dir.name, "run_dir": str(run_dir), "pid": pid})
     else:
@@ -258,24 +276,7 @@ def runs(as_json: bool) -> None:
     if as_json:
         _echo_json(rows)
         return
-    t = Table(title=f"{len(rows)} run(s)")
-    add_id_column(t, "id", [r["id"] for r in rows])
-    for col in ("name", "status", "attempt", "progress", "loss", "started", "output_dir"):
-        t.add_column(col, overflow="fold")
-    for r in rows:
-        prog = f"{r.get('step')}/{r.get('total_steps')}" if r.get("total_steps") else "-"
-        loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-"
-        t.add_row(
-            r["id"],
-            str(r.get("name") or "-"),
-            r["status"],
-            str(r.get("attempt") or "-"),
-            prog,
-            loss,
-            str(r.get("created") or "-"),
-            str(r.get("output_dir") or "-"),
-        )
-    console.print(t)
+    console.print(runs_table(rows))
 
 
 STATUS_EXIT = {
@@ -286,6 +287,7 @@ STATUS_EXIT = {
     "stopped": int(ExitCode.FAILED),
     "failed": int(ExitCode.FAILED),
     "lost": int(ExitCode.FAILED),
+    "diverged": int(ExitCode.DIVERGED),
 }
 
 
@@ -339,6 +341,7 @@ def _print_status(v: dict[str, Any]) -> None:
         ("micro_batch", "micro-batch"),
         ("accumulation", "accumulation"),
         ("last_checkpoint", "last checkpoint"),
+        ("health", "health"),
         ("gpu_memory_gib", "GPU memory GiB"),
         ("output_dir", "output_dir"),
         ("run_dir", "run_dir"),
@@ -439,7 +442,12 @@ def stop(run: str | None, grace: float) -> None:
     default=None,
     help="Follow the log until the run ends [default: follow a live run, not a restarted one].",
 )
-def resume(args: tuple[str, ...], foreground: bool, follow: bool | None) -> None:
+@click.option(
+    "--allow-global-batch-change",
+    is_flag=True,
+    help="Accept overrides that change micro-batch x accumulation x world size (what is trained).",
+)
+def resume(args: tuple[str, ...], foreground: bool, follow: bool | None, allow_global_batch_change: bool) -> None:
     """Re-attach to RUN if alive (follow its log); else restart it from its last complete checkpoint.
 
     ARGS: [RUN] [key=value ...]. Overrides change the run's adapted config before it restarts
@@ -450,7 +458,7 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool | None) -> None
     Examples:
       ftlaunch resume            # after SSH loss, a reboot or `ftlaunch stop`
       ftlaunch resume --no-follow
-      ftlaunch resume nightly per_device_train_batch_size=1 gradient_accumulation_steps=64
+      ftlaunch resume nightly per_device_train_batch_size=1 gradient_accumulation_steps=8
     """
     from .service import resolve_run, resume_run
 
@@ -459,7 +467,18 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool | None) -> None
     if len(runs) > 1:
         raise click.UsageError(f"one RUN at most, got {', '.join(runs)}")
     run_dir = resolve_run(env_now(), runs[0] if runs else None)
-    what, value = resume_run(run_dir, env_now(), foreground=foreground, overrides=overrides)
+    if overrides:
+        from .service import preview_run_edit
+
+        for key, before, after, note in preview_run_edit(run_dir, overrides):
+            err_console.print(f"  {key}: {before} -> {after}{f'  ({note})' if note else ''}", highlight=False)
+    what, value = resume_run(
+        run_dir,
+        env_now(),
+        foreground=foreground,
+        overrides=overrides,
+        allow_global_batch_change=allow_global_batch_change,
+    )
     if what == "alive":
         if follow is False:
             click.echo(

@@ -355,6 +355,30 @@ def split_attempts(records: Sequence[Mapping[str, Any]]) -> list[list[Mapping[st
     return segments
 
 
+def segment_attempts(
+    segments: Sequence[Sequence[Mapping[str, Any]]], spans: Sequence[Mapping[str, Any]]
+) -> list[int | None]:
+    """The attempt number that wrote each trainer-log segment, or None when the events cannot tell.
+
+    A resumed attempt logs from its checkpoint's step + 1, so segment k matches the attempt whose
+    `resume_from` is its first step - 1 (the first segment: an attempt that resumed from nothing).
+    Attempts that failed before logging (an OOM at start) share that `resume_from`: the last of the
+    consecutive ones is the one that logged. Never a number that is not in the events."""
+    out: list[int | None] = []
+    i = 0
+    for k, seg in enumerate(segments):
+        want = None if k == 0 else int(seg[0]["current_steps"]) - 1 if seg else -1
+        j = next((n for n in range(i, len(spans)) if spans[n].get("resume_from") == want), None)
+        if j is None:
+            out.append(None)
+            continue
+        while j + 1 < len(spans) and spans[j + 1].get("resume_from") == want:
+            j += 1
+        out.append(spans[j].get("attempt"))
+        i = j + 1
+    return out
+
+
 def rate_series(segment: Sequence[Mapping[str, Any]], window: int | None = None) -> tuple[str, list[tuple[int, float]]]:
     """("tokens/s" or "steps/s", [(step, rate)]) over a sliding window of logged steps."""
     pts = trainer_clock(segment)
@@ -399,21 +423,25 @@ def _parse_t(value: Any) -> float | None:
 
 
 def attempt_spans(events: Sequence[Mapping[str, Any]], now: float | None = None) -> list[dict[str, Any]]:
-    """Each attempt of a run from its events.jsonl: attempt, start, end (None while running),
-    resume_from (step of the checkpoint it resumed from)."""
+    """Each attempt of a run from its events.jsonl: attempt, start, end, resume_from (step of the
+    checkpoint it resumed from).
+
+    An attempt with no `exited` event (its supervisor died: a lost run, a reboot) ends where the next
+    attempt starts; the last one ends at `now` (the present for a live run, the last sign of life for
+    a lost one), or stays open (None) when `now` is None."""
     spans: list[dict[str, Any]] = []
     for e in events:
         t = _parse_t(e.get("t"))
         if e.get("event") == "attempt_started":
+            if spans and spans[-1]["end"] is None and t is not None:
+                spans[-1]["end"] = t
             rf = e.get("resume_from")
             step = int(str(rf).rsplit("-", 1)[-1]) if rf and str(rf).rsplit("-", 1)[-1].isdigit() else None
             spans.append({"attempt": e.get("attempt"), "start": t, "end": None, "resume_from": step})
         elif e.get("event") == "exited" and spans and spans[-1]["end"] is None:
             spans[-1]["end"] = t
-    if now is not None:
-        for s in spans:
-            if s["end"] is None:
-                s["end"] = now
+    if now is not None and spans and spans[-1]["end"] is None:
+        spans[-1]["end"] = max(now, spans[-1]["start"] or now)
     return spans
 
 

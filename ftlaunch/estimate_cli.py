@@ -345,35 +345,44 @@ def draw_histogram(stats: Any, padding: Any, path: Path) -> Path:
     return path
 
 
+RESTART_COLOR = "#c44e52"
+ATTEMPT_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974")
+
+
 def draw_progress(
     segments: Sequence[Sequence[Mapping[str, Any]]], spans: Sequence[Mapping[str, Any]], path: Path, title: str
 ) -> Path:
     """Loss and throughput over steps, one line per attempt, restarts as dashed vertical lines."""
-    from .estimate import rate_series
+    from .estimate import rate_series, segment_attempts
 
     plt = _pyplot()
     fig, (ax_loss, ax_rate) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
     rate_label = "steps/s"
+    attempts = segment_attempts(segments, spans)
     for i, seg in enumerate(segments):
-        attempt = spans[i]["attempt"] if len(spans) == len(segments) and spans[i].get("attempt") else i + 1
+        attempt = attempts[i]
+        label = f"attempt {attempt}" if attempt is not None else f"segment {i + 1} (attempt unknown)"
+        # One colour per segment on both axes (each axis would otherwise cycle on its own), never
+        # the restart marker's red.
+        color = ATTEMPT_COLORS[i % len(ATTEMPT_COLORS)]
         steps = [int(r["current_steps"]) for r in seg]
-        ax_loss.plot(steps, [float(r["loss"]) for r in seg], label=f"attempt {attempt}", linewidth=1.2)
+        ax_loss.plot(steps, [float(r["loss"]) for r in seg], label=label, linewidth=1.2, color=color)
         rate_label, series = rate_series(seg)
         if series:
-            ax_rate.plot([s for s, _ in series], [v for _, v in series], label=f"attempt {attempt}", linewidth=1.2)
+            ax_rate.plot([s for s, _ in series], [v for _, v in series], label=label, linewidth=1.2, color=color)
         if i > 0:
             x = steps[0] - 1  # a resumed attempt logs from the checkpoint's step + 1
             for ax in (ax_loss, ax_rate):
-                ax.axvline(x, color="#c44e52", linestyle="--", linewidth=1)
+                ax.axvline(x, color=RESTART_COLOR, linestyle="--", linewidth=1)
             ax_loss.annotate(
-                f"restart (attempt {attempt})",
+                "restart" + (f" (attempt {attempt})" if attempt is not None else ""),
                 (x, 1.0),
                 xycoords=("data", "axes fraction"),
                 rotation=90,
                 va="top",
                 ha="right",
                 fontsize=8,
-                color="#c44e52",
+                color=RESTART_COLOR,
             )
     ax_loss.set_ylabel("loss")
     ax_rate.set_ylabel(rate_label)
@@ -381,6 +390,7 @@ def draw_progress(
     ax_loss.set_title(title)
     if len(segments) > 1:
         ax_loss.legend(loc="upper right")
+        ax_rate.legend(loc="upper right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -165,5 +165,27 @@ def hardware_renderables(hw: Hardware) -> list[Any]:
     return out
 
 
+def runs_table(rows: list[dict[str, Any]]) -> Table:
+    """`ftlaunch runs`: the id column is never cut; name and output_dir wrap instead."""
+    t = Table(title=f"{len(rows)} run(s)")
+    add_id_column(t, "id", [r["id"] for r in rows])
+    for col in ("name", "status", "attempt", "progress", "loss", "started", "output_dir"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        prog = f"{r.get('step')}/{r.get('total_steps')}" if r.get("total_steps") else "-"
+        loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-"
+        t.add_row(
+            r["id"],
+            str(r.get("name") or "-"),
+            r["status"],
+            str(r.get("attempt") or "-"),
+            prog,
+            loss,
+            str(r.get("created") or "-"),
+            str(r.get("output_dir") or "-"),
+        )
+    return t
+
+
 def to_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, default=str)

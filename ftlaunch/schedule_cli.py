@@ -81,7 +81,7 @@ def add(
     Example:
       ftlaunch schedule add nightly cfg.yaml --cron "0 2 * * *" --keep 5 --only-if-changed
       ftlaunch schedule add weekly cfg.yaml learning_rate=1e-5 --cron @weekly --notify https://hooks.example/x
-      ftlaunch schedule add nightly cfg.yaml --cron "0 2 * * *" --print   # install it yourself
+      ftlaunch schedule add monthly cfg.yaml --cron "0 3 1 * *" --gpu A100-80GB --print   # install it yourself
     """
     from .run_options import RunOptions
     from .schedule import ScheduleSpec, add_schedule

@@ -1,6 +1,28 @@
 #!/usr/bin/env bash
-# Set up .venv (as scripts/setup.sh) and run the whole test suite. Extra args go to pytest.
+# Set up .venv (as scripts/setup.sh), then run the fast lane (unit and in-process CLI tests) and the
+# end-to-end lane (the real llamafactory-cli on a tiny local model), printing the time of each.
+#   bash scripts/test.sh            # both lanes
+#   bash scripts/test.sh --fast     # the fast lane only
+# Any other arguments go to pytest (in both lanes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast_only=0
+args=()
+for a in "$@"; do
+  if [ "$a" = "--fast" ]; then fast_only=1; else args+=("$a"); fi
+done
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+lane() {  # lane NAME MARKER
+  local name=$1 marker=$2 start end rc=0
+  start=$(date +%s)
+  echo "=== $name lane (-m \"$marker\") ==="
+  .venv/bin/python -m pytest -q -p no:cacheprovider -m "$marker" ${args[@]+"${args[@]}"} || rc=$?
+  end=$(date +%s)
+  echo "=== $name lane: $((end - start)) s (exit $rc) ==="
+  # 5: no tests were collected in this lane (e.g. a -k that selects only the other lane's tests).
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
+}
+lane fast "not e2e and not bench"
+if [ "$fast_only" -eq 0 ]; then
+  lane e2e "e2e and not bench"
+fi

@@ -454,6 +454,36 @@ def test_attempt_spans_and_busy_seconds():
     assert est.busy_seconds(spans) == pytest.approx(600 + 300)
 
 
+def test_segments_are_labelled_with_attempts_that_exist():
+    def seg(first: int, last: int) -> list[dict]:
+        return [{"current_steps": n, "loss": 1.0} for n in range(first, last + 1)]
+
+    # attempt 2 OOMed before logging; attempt 3 resumed from the same checkpoint and logged.
+    spans = [
+        {"attempt": 1, "resume_from": None},
+        {"attempt": 2, "resume_from": 10},
+        {"attempt": 3, "resume_from": 10},
+        {"attempt": 4, "resume_from": 20},
+    ]
+    assert est.segment_attempts([seg(1, 12), seg(11, 22), seg(21, 30)], spans) == [1, 3, 4]
+    # A segment the events cannot explain (no events at all, or a foreign restart) is not numbered.
+    assert est.segment_attempts([seg(1, 5), seg(3, 8)], []) == [None, None]
+    assert est.segment_attempts([seg(1, 5), seg(3, 8)], spans[:1]) == [1, None]
+
+
+def test_a_lost_attempt_counts_until_its_last_sign_of_life():
+    # Attempt 1's supervisor was SIGKILLed (no `exited`); attempt 2 was lost too.
+    events = [
+        {"t": "2026-01-01T00:00:00+00:00", "event": "attempt_started", "attempt": 1},
+        {"t": "2026-01-01T00:30:00+00:00", "event": "attempt_started", "attempt": 2, "resume_from": "checkpoint-9"},
+    ]
+    last_seen = 1767225600.0 + 45 * 60  # 00:45, e.g. train.log's mtime
+    spans = est.attempt_spans(events, now=last_seen)
+    assert [(s["attempt"], s["end"] - s["start"]) for s in spans] == [(1, 1800), (2, 900)]
+    assert est.busy_seconds(spans) == pytest.approx(2700)
+    assert est.attempt_spans(events)[-1]["end"] is None  # no end given: the last one stays open
+
+
 # ---------------------------------------------------------------- the commands (in-process)
 
 
