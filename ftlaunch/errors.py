@@ -63,13 +63,21 @@ class HardwareError(FtlaunchError):
 
 
 class DoesNotFitError(FtlaunchError):
-    """The model does not fit; ``alternatives`` lists what would (rows of dicts)."""
+    """The model does not fit; ``alternatives`` lists what would (rows of dicts); ``payload`` is the
+    plan as far as it got (``hardware``, ``config``, ``memory`` with its verdict), for ``--json``."""
 
     exit_code = ExitCode.DOES_NOT_FIT
 
-    def __init__(self, message: str, hint: str | None = None, alternatives: list[dict] | None = None):
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        alternatives: list[dict] | None = None,
+        payload: dict | None = None,
+    ):
         super().__init__(message, hint)
         self.alternatives = alternatives or []
+        self.payload = payload or {}
 
 
 class RunNotFoundError(FtlaunchError):

@@ -25,6 +25,13 @@ __all__ = [
     "TrainSetup",
     "MemoryEstimate",
     "Choice",
+    "FITS",
+    "TIGHT",
+    "DOES_NOT_FIT",
+    "MIN_HEADROOM",
+    "gib_pair",
+    "verdict_of",
+    "default_optimizer",
     "setup_from_config",
     "trainable_params",
     "estimate",
@@ -37,10 +44,12 @@ __all__ = [
 
 GIB = float(2**30)
 
-# Overhead outside the tensors PyTorch allocates (see docs/memory-model.md, "Overhead"):
-CUDA_CONTEXT_GIB = 0.8  # CUDA context + loaded kernels (cuBLAS/cuDNN/flash-attn modules), per process
+# Overhead outside the tensors PyTorch allocates (see docs/memory-model.md, "Overhead"), from the
+# one real ledger this project has (a V100 OOM: 27.81 GiB allocated, 1.02 GiB reserved but
+# unallocated, 30.30 GiB used by the process):
+CUDA_CONTEXT_GIB = 1.5  # outside PyTorch's allocator: context, cuBLAS/cuDNN workspaces, kernels
 NCCL_GIB = 0.4  # NCCL communicator buffers when world_size > 1
-FRAGMENTATION = 0.07  # caching-allocator reserved/allocated slack, as a fraction of the tensor peak
+FRAGMENTATION = 0.04  # caching-allocator reserved/allocated slack, as a fraction of the tensor peak
 DS_BUFFER_FACTOR = 1.5  # DeepSpeed estimators' additional_buffer_factor for host RAM
 
 _ATTN = ("eager", "sdpa", "fa2")
@@ -58,6 +67,7 @@ class TrainSetup:
     pure_bf16: bool = False  # llamafactory pure_bf16: weights in bf16, no fp32 master
     optimizer: str = "adamw_torch"  # llamafactory/HF key `optim`
     micro_batch: int = 1
+    accumulation: int = 1  # gradient_accumulation_steps: > 1 keeps gradients alive in the forward pass
     seq_len: int = 2048  # cutoff_len
     packing: bool = False
     gradient_checkpointing: bool = True  # llamafactory default (disable_gradient_checkpointing=false)
@@ -92,16 +102,6 @@ class MemoryEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class Choice:
-    micro_batch: int | None  # None -> nothing fits
-    setup: TrainSetup  # the setup chosen (may have gradient_checkpointing/attn/zero changed)
-    estimate: MemoryEstimate
-    changes: tuple[tuple[str, object, object, str], ...]  # (llamafactory key, old, new, reason)
-    tried: tuple[tuple[int, float], ...]  # (micro_batch, peak_gib) for the final setup
-    alternatives: tuple[dict, ...]  # filled when nothing fits
 
 
 # ============================================================================================
@@ -150,12 +150,40 @@ def _zero_from_dict(ds: dict) -> tuple[int, bool, bool]:
     return stage, on_cpu("offload_optimizer"), on_cpu("offload_param") and stage == 3
 
 
-def setup_from_config(config: dict, world_size: int = 1, deepspeed_config: dict | None = None) -> TrainSetup:
+def _version_tuple(version: str | None) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in re.split(r"[.+-]", version or "")[:3]:
+        m = re.match(r"\d+", part)
+        if not m:
+            break
+        out.append(int(m.group()))
+    return tuple(out)
+
+
+def default_optimizer(transformers_version: str | None, torch_version: str | None) -> str:
+    """The ``optim`` HF TrainingArguments uses when the config sets none.
+
+    transformers >= 4.54 defaults to ``adamw_torch_fused`` when torch >= 2.8 (training_args.py,
+    ``default_optim``), else ``adamw_torch`` (foreach on CUDA). Unknown versions give the foreach
+    variant, whose optimizer step needs more memory: the conservative guess.
+    """
+    if _version_tuple(transformers_version) >= (4, 54) and _version_tuple(torch_version) >= (2, 8):
+        return "adamw_torch_fused"
+    return "adamw_torch"
+
+
+def setup_from_config(
+    config: dict,
+    world_size: int = 1,
+    deepspeed_config: dict | None = None,
+    default_optim: str = "adamw_torch",
+) -> TrainSetup:
     """TrainSetup from a merged llamafactory config dict; absent keys take llamafactory's defaults.
 
     ``deepspeed_config`` is the parsed DeepSpeed JSON when ``config["deepspeed"]`` is a path (this
     function reads no files). Without it, a dict value of ``config["deepspeed"]`` is used, else the
-    stage/offload are inferred from the file name.
+    stage/offload are inferred from the file name. ``default_optim`` is the optimizer when ``optim``
+    is unset (the caller reads the installed versions: :func:`default_optimizer`).
     """
     c = config or {}
     ft = str(c.get("finetuning_type") or "lora").lower()
@@ -192,10 +220,9 @@ def setup_from_config(config: dict, world_size: int = 1, deepspeed_config: dict 
         freeze_trainable_layers=int(c.get("freeze_trainable_layers", 2)),
         compute_dtype=dtype,
         pure_bf16=pure_bf16,
-        # HF TrainingArguments: "adamw_torch" (torch>=2.8 defaults to "adamw_torch_fused"; we keep
-        # the foreach variant, which needs more memory at the optimizer step: conservative)
-        optimizer=str(c.get("optim") or "adamw_torch"),
+        optimizer=str(c.get("optim") or default_optim),  # see default_optimizer()
         micro_batch=int(c.get("per_device_train_batch_size", 8) or 8),  # HF default 8
+        accumulation=max(1, int(c.get("gradient_accumulation_steps", 1) or 1)),
         seq_len=int(c.get("cutoff_len", 2048) or 2048),  # llamafactory DataArguments default
         packing=packing,
         gradient_checkpointing=not _as_bool(c.get("disable_gradient_checkpointing")),
@@ -410,6 +437,8 @@ class _States:
     optimizer: float
     transient: float
     host: float
+    head_copy: float = 0.0  # autocast copy of a trainable fp32 lm_head, saved for its backward
+    embedding_grad_extra: float = 0.0  # embedding-gradient temporaries at the end of backward
 
 
 def _model_states(spec: ModelSpec, setup: TrainSetup, trainable: int) -> _States:
@@ -462,7 +491,21 @@ def _model_states(spec: ModelSpec, setup: TrainSetup, trainable: int) -> _States
         grads = T * wt
         opt = T * _optimizer_state_bytes(setup.optimizer, wt, spec)
         transient = T * wt * _optimizer_step_transient(setup.optimizer)
-        return _States(weights, resident, grads, opt, transient, 0.0)
+        head_copy = 0.0
+        emb_extra = 0.0
+        if ft == "full":
+            emb = spec.vocab_size * spec.hidden_size * wt  # E: one embedding-sized gradient
+            head_copy = spec.vocab_size * spec.hidden_size * amp_copy
+            # Measured with the simulator: with tied embeddings the engine buffers lm_head's
+            # gradient contribution (E) until the embedding's backward returns its own (E) and sums
+            # them (E) before accumulating: 3E alive while the E in .grad is not there yet (2E more
+            # than the gradients) at accumulation 1, 3E more when .grad already holds one. Untied,
+            # only a later micro-batch's in-place accumulation needs a second E.
+            if spec.tie_word_embeddings:
+                emb_extra = emb * (3 if setup.accumulation > 1 else 2)
+            else:
+                emb_extra = emb if setup.accumulation > 1 else 0.0
+        return _States(weights, resident, grads, opt, transient, 0.0, head_copy, emb_extra)
 
     # DeepSpeed: module cast to 16-bit, fp32 master + fp32 grad partition + states in fp32
     half = 2 if act_bytes == 2 else 4
@@ -619,6 +662,28 @@ def _activations(spec: ModelSpec, setup: TrainSetup) -> tuple[float, float]:
     return stored, working
 
 
+def _phases(spec: ModelSpec, setup: TrainSetup, st: _States, stored: float, working: float) -> tuple[float, ...]:
+    """Tensor bytes at the three peaks of forward/backward without DeepSpeed (see the simulator).
+
+    Gradients are alive in the forward pass only with accumulation > 1 (``zero_grad(set_to_none)``
+    frees them after each optimizer step). The autocast weight cache (16-bit copies of fp32
+    trainable weights) lives until the forward's autocast region ends; afterwards only the copies
+    autograd saved remain: all of them without checkpointing, the lm_head's with it (the
+    checkpointed layers re-cast during recomputation).
+      loss     = resident + copies + optimizer + [gradients] + stored + forward logits (10 B/token/V)
+      backward = resident + saved copies + optimizer + [gradients] + stored + max(working, logits)
+      end      = resident + optimizer + gradients + max(working set, embedding-gradient temporaries)
+    """
+    resident, copies = st.weights_resident, st.weights - st.weights_resident
+    grads_fwd = st.grads if setup.accumulation > 1 else 0.0
+    saved_copies = st.head_copy if setup.gradient_checkpointing else copies
+    tokens_v = setup.micro_batch * setup.seq_len * spec.vocab_size
+    loss = resident + copies + st.optimizer + grads_fwd + stored + 10.0 * tokens_v
+    backward = resident + saved_copies + st.optimizer + grads_fwd + stored + max(working, 12.0 * tokens_v)
+    end = resident + st.optimizer + st.grads + max(working, st.embedding_grad_extra)
+    return loss, backward, end
+
+
 def _logits_bytes(spec: ModelSpec, setup: TrainSetup) -> float:
     """Peak of the loss: 12 bytes per token per vocab entry.
 
@@ -647,12 +712,14 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     stored, working = _activations(spec, setup)
     logits = _logits_bytes(spec, setup)
 
-    states = st.weights + st.grads + st.optimizer
-    # forward/backward: the loss peak (start of backward) and a layer's backward working set do not
-    # coexist, so the larger of the two is added to what is stored.
-    fwd_bwd = states + stored + max(working, logits)
     step = st.weights_resident + st.grads + st.optimizer + st.transient
-    tensors = max(fwd_bwd, step)
+    if setup.zero_stage == 0:
+        tensors = max(step, *_phases(spec, setup, st, stored, working))
+    else:
+        # DeepSpeed cannot be simulated here: the older, conservative sum (gradients and the autocast
+        # copies alive throughout; the loss peak and a layer's working set do not coexist).
+        fwd_bwd = st.weights + st.grads + st.optimizer + stored + max(working, logits)
+        tensors = max(fwd_bwd, step)
     overhead = CUDA_CONTEXT_GIB * GIB + (NCCL_GIB * GIB if setup.world_size > 1 else 0.0)
     overhead += FRAGMENTATION * tensors
     peak = tensors + overhead
@@ -672,26 +739,78 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
 
 
 # ============================================================================================
-# choose_micro_batch()
+# choose_micro_batch(): the verdict and what would fit
 # ============================================================================================
+
+FITS = "fits"  # within the target headroom
+TIGHT = "tight"  # within the physical memory, with less than the target headroom
+DOES_NOT_FIT = "does_not_fit"
+# A tight plan keeps at least this share of the card free: the calibration goal lets the formulas
+# under-predict by at most 2% (docs/memory-model.md, "Calibration"), so less than that is a guess.
+MIN_HEADROOM = 0.02
+
+# Kinds of alternatives, ordered by how much they change the training.
+SAME_NUMBERS = "same-numbers"  # the same optimisation, bit for bit or nearly (offload, recompute)
+NUMERICS = "numerics"  # the same method with slightly different arithmetic (8-bit states, bf16 weights)
+METHOD = "method"  # a different method or data (LoRA, QLoRA, shorter cutoff)
+HARDWARE = "hardware"  # more GPUs
+
+
+def gib_pair(a: float, b: float) -> tuple[str, str]:
+    """Two GiB figures with as many decimals (1 to 3) as it takes to tell them apart, so a refusal
+    never reads "13.2 GiB > 13.2 GiB"."""
+    x, y = f"{a:.1f}", f"{b:.1f}"
+    for d in (1, 2, 3):
+        x, y = f"{a:.{d}f}", f"{b:.{d}f}"
+        if x != y:
+            break
+    return x, y
+
+
+def verdict_of(peak_gib: float, capacity_gib: float, headroom: float) -> str:
+    """fits (peak within capacity x (1 - headroom)), tight (within capacity x (1 - MIN_HEADROOM)),
+    or does_not_fit."""
+    if peak_gib <= capacity_gib * (1 - headroom):
+        return FITS
+    if peak_gib <= capacity_gib * (1 - min(headroom, MIN_HEADROOM)):
+        return TIGHT
+    return DOES_NOT_FIT
 
 
 def _divisors_desc(n: int) -> list[int]:
     return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
 
 
-def _scan(spec: ModelSpec, setup: TrainSetup, candidates: list[int], usable: float):
+def _scan(spec: ModelSpec, setup: TrainSetup, candidates: list[int], per_device: int, limit: float):
+    """The largest candidate micro-batch whose peak is within ``limit``; accumulation follows it."""
     tried: list[tuple[int, float]] = []
     for mb in candidates:
-        est = estimate(spec, replace(setup, micro_batch=mb))
+        est = estimate(spec, replace(setup, micro_batch=mb, accumulation=per_device // mb))
         tried.append((mb, round(est.peak_gib, 2)))
-        if est.peak_gib <= usable:
+        if est.peak_gib <= limit:
             return mb, est, tuple(tried)
-    return None, estimate(spec, replace(setup, micro_batch=1)), tuple(tried)
+    return None, estimate(spec, replace(setup, micro_batch=1, accumulation=per_device)), tuple(tried)
 
 
-def _flash_attn_value(impl: str) -> str:
-    return {"eager": "disabled", "sdpa": "sdpa", "fa2": "fa2"}[impl]
+@dataclass(frozen=True)
+class Choice:
+    micro_batch: int | None  # None -> nothing fits
+    setup: TrainSetup  # the setup chosen (may have gradient_checkpointing/attn/zero changed)
+    estimate: MemoryEstimate
+    changes: tuple[tuple[str, object, object, str], ...]  # (llamafactory key, old, new, reason)
+    tried: tuple[tuple[int, float], ...]  # (micro_batch, peak_gib) for the final setup
+    alternatives: tuple[dict, ...]  # filled when nothing fits
+    verdict: str = FITS
+    capacity_gib: float = 0.0
+
+    @property
+    def headroom_gib(self) -> float:
+        """What the predicted peak leaves free on the card."""
+        return self.capacity_gib - self.estimate.peak_gib
+
+    @property
+    def headroom_share(self) -> float:
+        return self.headroom_gib / self.capacity_gib if self.capacity_gib else 0.0
 
 
 def choose_micro_batch(
@@ -702,126 +821,236 @@ def choose_micro_batch(
     per_device_batch: int,
     headroom: float = 0.12,
     host_ram_gib: float | None = None,
+    host_ram_note: str | None = None,
     bf16_capable: bool = True,
     can_flash: bool = False,
 ) -> Choice:
     """Largest divisor of ``per_device_batch`` whose peak fits in capacity*(1-headroom).
 
     When even micro-batch 1 does not fit, in order: gradient checkpointing on, eager attention ->
-    sdpa (fa2 if ``can_flash``), ZeRO-3 with CPU offload of optimizer and parameters (only if the
-    host RAM is known and suffices), re-trying all batch sizes after each step. finetuning_type,
-    cutoff_len, learning rate and data are never changed; if nothing fits ``micro_batch`` is None
-    and ``alternatives`` lists what would.
+    sdpa (fa2 if ``can_flash``), re-trying all batch sizes after each step. If still nothing fits
+    with the target headroom, the largest micro-batch within capacity*(1-MIN_HEADROOM) is taken
+    with verdict *tight* (it runs at full speed; the recovery ladder covers a misjudgement).
+    Only then ZeRO-3 with CPU offload of optimizer and parameters (only if the host RAM is known
+    and suffices: it is several times slower). finetuning_type, cutoff_len, learning rate and data
+    are never changed; if nothing fits ``micro_batch`` is None, the verdict *does_not_fit*, and
+    ``alternatives`` lists what would, ordered by how much each changes the training.
+    ``host_ram_note`` says where ``host_ram_gib`` comes from when it is an assumption.
     """
     if per_device_batch < 1:
         raise ValueError("per_device_batch must be >= 1")
     if capacity_gib <= 0:
         raise ValueError("capacity_gib must be > 0")
     usable = capacity_gib * (1 - headroom)
+    tight_limit = capacity_gib * (1 - min(headroom, MIN_HEADROOM))
     host_usable = host_ram_gib * (1 - headroom) if host_ram_gib is not None else None
     cands = _divisors_desc(per_device_batch)
-    where = f"{usable:.1f} GiB usable ({capacity_gib:g} GiB, {headroom * 100:.0f}% headroom)"
     changes: list[tuple[str, object, object, str]] = []
 
+    def done(mb: int, cur: TrainSetup, est: MemoryEstimate, tried: tuple, verdict: str) -> Choice:
+        chosen = replace(cur, micro_batch=mb, accumulation=per_device_batch // mb)
+        return Choice(mb, chosen, est, tuple(changes), tried, (), verdict, capacity_gib)
+
+    def over(peak: float) -> str:
+        p, u = gib_pair(peak, usable)
+        return f"peak {p} GiB > {u} GiB usable ({capacity_gib:g} GiB, {headroom * 100:.0f}% headroom) at micro-batch 1"
+
     cur = setup
-    mb, est, tried = _scan(spec, cur, cands, usable)
+    mb, est, tried = _scan(spec, cur, cands, per_device_batch, usable)
     if mb is not None:
-        return Choice(mb, replace(cur, micro_batch=mb), est, (), tried, ())
+        return done(mb, cur, est, tried, FITS)
 
-    # 1. gradient checkpointing
-    if not cur.gradient_checkpointing:
-        new = replace(cur, gradient_checkpointing=True)
-        after = estimate(spec, replace(new, micro_batch=1)).peak_gib
-        changes.append(
-            (
-                "disable_gradient_checkpointing",
-                True,
-                False,
-                f"peak {est.peak_gib:.1f} GiB > {where} at micro-batch 1; gradient checkpointing "
-                f"keeps only each layer's input: {after:.1f} GiB",
-            )
-        )
-        cur = new
-        mb, est, tried = _scan(spec, cur, cands, usable)
+    # Same numbers, cheaper memory: checkpointing, then a kernel that does not store the scores.
+    impl = "fa2" if can_flash else "sdpa"
+    ladder = (
+        (
+            not cur.gradient_checkpointing,
+            ("disable_gradient_checkpointing", True, False),
+            {"gradient_checkpointing": True},
+            "gradient checkpointing keeps only each layer's input",
+        ),
+        (
+            cur.attn_impl == "eager",
+            ("flash_attn", "disabled", impl),
+            {"attn_impl": impl},
+            f"{impl} attention does not store the {cur.seq_len}x{cur.seq_len} score matrix per head",
+        ),
+    )
+    for wanted, (key, old, new), fields, why in ladder:
+        if not wanted:
+            continue
+        cur = replace(cur, **fields)
+        after = estimate(spec, replace(cur, micro_batch=1, accumulation=per_device_batch)).peak_gib
+        changes.append((key, old, new, f"{over(est.peak_gib)}; {why}: {after:.1f} GiB"))
+        mb, est, tried = _scan(spec, cur, cands, per_device_batch, usable)
         if mb is not None:
-            return Choice(mb, replace(cur, micro_batch=mb), est, tuple(changes), tried, ())
-
-    # 2. eager attention -> sdpa / fa2
-    if cur.attn_impl == "eager":
-        impl = "fa2" if can_flash else "sdpa"
-        new = replace(cur, attn_impl=impl)
-        after = estimate(spec, replace(new, micro_batch=1)).peak_gib
-        changes.append(
-            (
-                "flash_attn",
-                "disabled",
-                impl,
-                f"peak {est.peak_gib:.1f} GiB > {where} at micro-batch 1; {impl} attention does not "
-                f"store the {cur.seq_len}x{cur.seq_len} score matrix per head: {after:.1f} GiB",
-            )
-        )
-        cur = new
-        mb, est, tried = _scan(spec, cur, cands, usable)
-        if mb is not None:
-            return Choice(mb, replace(cur, micro_batch=mb), est, tuple(changes), tried, ())
+            return done(mb, cur, est, tried, FITS)
 
     base_for_alternatives = cur
+    mb, t_est, t_tried = _scan(spec, cur, cands, per_device_batch, tight_limit)
+    if mb is not None:
+        return done(mb, cur, t_est, t_tried, TIGHT)
 
-    # 3. ZeRO-3 with CPU offload of optimizer states and parameters
+    # ZeRO-3 with CPU offload of optimizer states and parameters
     offload = replace(cur, zero_stage=3, offload_optimizer=True, offload_params=True)
     if offload != cur:
-        off_est = estimate(spec, replace(offload, micro_batch=1))
+        off_est = estimate(spec, replace(offload, micro_batch=1, accumulation=per_device_batch))
         if host_usable is not None and off_est.host_gib <= host_usable:
             changes.append(
                 (
                     "deepspeed",
                     None if cur.zero_stage == 0 else f"zero{cur.zero_stage}",
                     "ds_z3_offload",
-                    f"peak {est.peak_gib:.1f} GiB > {where} at micro-batch 1; ZeRO-3 CPU offload moves "
-                    f"parameters and optimizer states to host RAM (needs {off_est.host_gib:.1f} GiB of "
-                    f"{host_ram_gib:g} GiB): {off_est.peak_gib:.1f} GiB",
+                    f"{over(est.peak_gib)}; ZeRO-3 CPU offload moves parameters and optimizer states "
+                    f"to host RAM (needs {off_est.host_gib:.1f} GiB of {host_ram_gib:g} GiB"
+                    f"{', ' + host_ram_note if host_ram_note else ''}): {off_est.peak_gib:.1f} GiB",
                 )
             )
             cur = offload
-            mb, est, tried = _scan(spec, cur, cands, usable)
-            if mb is not None:
-                return Choice(mb, replace(cur, micro_batch=mb), est, tuple(changes), tried, ())
+            for limit, verdict in ((usable, FITS), (tight_limit, TIGHT)):
+                mb, o_est, o_tried = _scan(spec, cur, cands, per_device_batch, limit)
+                if mb is not None:
+                    return done(mb, cur, o_est, o_tried, verdict)
 
-    alternatives = _alternatives(spec, base_for_alternatives, usable, host_usable, host_ram_gib, bf16_capable)
-    return Choice(None, replace(cur, micro_batch=1), est, tuple(changes), tried, alternatives)
+    alternatives = _alternatives(
+        spec,
+        replace(base_for_alternatives, accumulation=per_device_batch),
+        capacity_gib,
+        headroom,
+        host_ram_gib,
+        host_ram_note,
+        bf16_capable,
+    )
+    return Choice(
+        None,
+        replace(cur, micro_batch=1, accumulation=per_device_batch),
+        est,
+        tuple(changes),
+        tried,
+        alternatives,
+        DOES_NOT_FIT,
+        capacity_gib,
+    )
+
+
+def _host_check(need_gib: float, host_ram_gib: float | None, headroom: float, note: str | None) -> str | None:
+    """None when ``need_gib`` of host RAM is available, else why not."""
+    if host_ram_gib is None:
+        return f"needs {need_gib:.0f} GiB host RAM; host RAM unknown (pass --host-ram)"
+    if need_gib > host_ram_gib * (1 - headroom):
+        where = f"machine has {host_ram_gib:.0f}" + (f" ({note})" if note else "")
+        return f"needs {need_gib:.0f} GiB host RAM, {where}"
+    return None
 
 
 def _alternatives(
     spec: ModelSpec,
     base: TrainSetup,
-    usable: float,
-    host_usable: float | None,
+    capacity_gib: float,
+    headroom: float,
     host_ram_gib: float | None,
+    host_ram_note: str | None,
     bf16_capable: bool,
 ) -> tuple[dict, ...]:
-    """What would fit at micro-batch 1, each option changing one thing the chooser may not."""
+    """What would fit at micro-batch 1, each option changing one thing the chooser may not.
+
+    Rows are ordered by kind: same numbers (DeepSpeed offload on the same GPUs), numerics (8-bit
+    optimizer states, pure_bf16), method or data (LoRA, QLoRA, cutoff), then more hardware. Each
+    has its predicted GPU peak, host RAM need, a speed word and, when it does not fit, why.
+    """
     base = replace(base, micro_batch=1)
     out: list[dict] = []
 
-    def add(option: str, setup: TrainSetup, change: dict, host_ok: bool = True, **extra: Any) -> None:
+    def add(option: str, kind: str, setup: TrainSetup, change: dict, speed: str) -> None:
         est = estimate(spec, setup)
+        verdict = verdict_of(est.peak_gib, capacity_gib, headroom)
+        why = None
+        if verdict == DOES_NOT_FIT:
+            p, c = gib_pair(est.peak_gib, capacity_gib * (1 - min(headroom, MIN_HEADROOM)))
+            why = f"peak {p} GiB > {c} GiB"
+        elif verdict == TIGHT:
+            why = f"tight: {(capacity_gib - est.peak_gib) / capacity_gib:.1%} headroom"
+        host_why = _host_check(est.host_gib, host_ram_gib, headroom, host_ram_note) if est.host_gib else None
         row = {
             "option": option,
+            "kind": kind,
             "peak_gib": round(est.peak_gib, 2),
-            "fits": bool(est.peak_gib <= usable and host_ok),
+            "host_gib": round(est.host_gib, 1),
+            "fits": verdict != DOES_NOT_FIT and host_why is None,
+            "verdict": verdict if host_why is None else DOES_NOT_FIT,
             "change": change,
+            "speed": speed,
         }
-        row.update(extra)
+        if host_why:
+            row["why"] = host_why if why is None or verdict == TIGHT else f"{why}; {host_why}"
+        elif why:
+            row["why"] = why
+        if est.host_gib:
+            row["host_ram_gib"] = host_ram_gib
         out.append(row)
 
+    full_or_freeze = base.finetuning_type in ("full", "freeze")
+    # --- same numbers: DeepSpeed on the GPUs at hand, optimizer (and parameters) in host RAM
+    if full_or_freeze and base.zero_stage == 0:
+        add(
+            "ZeRO-2 optimizer offload",
+            SAME_NUMBERS,
+            replace(base, zero_stage=2, offload_optimizer=True, offload_params=False),
+            {"deepspeed": "ds_z2_offload"},
+            "slower (optimizer step on the CPU)",
+        )
+    off = replace(base, zero_stage=3, offload_optimizer=True, offload_params=True)
+    if off != base:
+        add(
+            "ZeRO-3 CPU offload",
+            SAME_NUMBERS,
+            off,
+            {"deepspeed": "ds_z3_offload"},
+            "much slower (weights streamed from host RAM)",
+        )
+    # --- numerics: 8-bit optimizer states, bf16 weights without fp32 masters
+    if full_or_freeze and "8bit" not in base.optimizer:
+        add(
+            "8-bit AdamW",
+            NUMERICS,
+            replace(base, optimizer="adamw_bnb_8bit"),
+            {"optim": "adamw_bnb_8bit"},
+            "same",
+        )
+        add(
+            "paged 8-bit AdamW",
+            NUMERICS,
+            replace(base, optimizer="paged_adamw_8bit"),
+            {"optim": "paged_adamw_8bit"},
+            "same (pages states to host RAM under pressure)",
+        )
+    if base.finetuning_type == "full" and not base.pure_bf16 and bf16_capable:
+        add(
+            "pure_bf16 (no fp32 master weights)",
+            NUMERICS,
+            replace(base, pure_bf16=True, compute_dtype="bf16"),
+            {"pure_bf16": True, "bf16": True},
+            "same or faster",
+        )
+    # --- method or data
     is_lora = base.finetuning_type in ("lora", "oft")
     if not is_lora or base.quantization_bit is not None:
         add(
             "LoRA r=8",
+            METHOD,
             replace(
-                base, finetuning_type="lora", lora_rank=8, lora_target="all", quantization_bit=None, pure_bf16=False
+                base,
+                finetuning_type="lora",
+                lora_rank=8,
+                lora_target="all",
+                quantization_bit=None,
+                pure_bf16=False,
+                zero_stage=0,
+                offload_optimizer=False,
+                offload_params=False,
             ),
             {"finetuning_type": "lora", "lora_rank": 8, "lora_target": "all", "quantization_bit": None},
+            "faster",
         )
     for bits in (8, 4):
         if base.quantization_bit == bits:
@@ -830,42 +1059,30 @@ def _alternatives(
         qs = replace(base, finetuning_type="lora", quantization_bit=bits, pure_bf16=False)
         if not is_lora:
             ch.update({"lora_rank": 8, "lora_target": "all"})
-            qs = replace(qs, lora_rank=8, lora_target="all")
+            qs = replace(qs, lora_rank=8, lora_target="all", optimizer=base.optimizer)
         # QLoRA cannot be combined with ZeRO-3 param offload in llamafactory; drop DeepSpeed there
         if qs.zero_stage == 3:
             qs = replace(qs, zero_stage=0, offload_optimizer=False, offload_params=False)
-        add(f"QLoRA {bits}-bit", qs, ch)
-    if base.finetuning_type == "full" and not base.pure_bf16 and bf16_capable:
-        add(
-            "pure_bf16 (no fp32 master weights)",
-            replace(base, pure_bf16=True, compute_dtype="bf16"),
-            {"pure_bf16": True, "bf16": True},
-        )
+        add(f"QLoRA {bits}-bit", METHOD, qs, ch, "faster than full, slower than LoRA (dequantisation)")
     if base.seq_len >= 2:
         half = base.seq_len // 2
-        add(f"cutoff_len {half}", replace(base, seq_len=half), {"cutoff_len": half})
-    off = replace(base, zero_stage=3, offload_optimizer=True, offload_params=True)
-    if off != base:
-        off_est = estimate(spec, off)
-        host_ok = host_usable is not None and off_est.host_gib <= host_usable
         add(
-            "ZeRO-3 CPU offload",
-            off,
-            {"deepspeed": "ds_z3_offload"},
-            host_ok=host_ok,
-            host_gib=round(off_est.host_gib, 1),
-            host_ram_gib=host_ram_gib,
+            f"cutoff_len {half}",
+            METHOD,
+            replace(base, seq_len=half),
+            {"cutoff_len": half},
+            "faster (longer samples truncated)",
         )
-    # more GPUs: ZeRO-3 (no offload) over N GPUs, the smallest N in 2..64 that fits
+    # --- more GPUs: ZeRO-3 (no offload) over N GPUs, the smallest N in 2..64 that fits
     chosen = None
     for n in (2, 4, 8, 16, 32, 64):
         if n <= base.world_size:
             continue
         cand = replace(base, world_size=n, zero_stage=3, offload_optimizer=False, offload_params=False)
         chosen = (n, cand)
-        if estimate(spec, cand).peak_gib <= usable:
+        if estimate(spec, cand).peak_gib <= capacity_gib * (1 - headroom):
             break
     if chosen is not None:
         n, cand = chosen
-        add(f"ZeRO-3 on {n} GPUs", cand, {"deepspeed": "ds_z3", "gpus": n})
+        add(f"ZeRO-3 on {n} GPUs", HARDWARE, cand, {"deepspeed": "ds_z3", "gpus": n}, "faster")
     return tuple(out)

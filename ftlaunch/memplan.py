@@ -1,7 +1,8 @@
 """Glue between the planner and the memory model: finds the model's shape and builds the chooser.
 
-``model_spec_for`` reads config.json (a shell, small); ``make_memory_chooser`` returns a pure
-callable the planner calls with the config it is building.
+``model_spec_for`` reads config.json and ``installed_default_optimizer`` reads package versions
+(small shells); ``make_memory_chooser`` returns a pure callable the planner calls with the config it
+is building, and ``host_ram_for`` decides which host RAM a plan may count on.
 """
 
 from __future__ import annotations
@@ -62,22 +63,75 @@ def model_spec_for(
     )
 
 
-def make_memory_chooser(spec: Any, deepspeed_config: Mapping[str, Any] | None, *, headroom: float):
+# A what-if plan for a catalog card (--gpu) knows nothing of that machine's host RAM. Single-GPU
+# cloud machines commonly pair a card with at least twice its memory in RAM; this is an assumption,
+# said in every reason that relies on it, and --host-ram replaces it.
+ASSUMED_HOST_RAM_PER_GPU_GIB = 2.0
+
+
+def host_ram_for(hw: Hardware) -> tuple[float | None, str | None]:
+    """(host RAM GiB the plan may count on, a note when it is assumed). Pure.
+
+    A probed machine or a ``--hardware`` file carries its own RAM. A catalog card (``--gpu``) without
+    an explicit ``--host-ram`` gets ASSUMED_HOST_RAM_PER_GPU_GIB x its GPU memory, never the RAM of
+    the machine planning it.
+    """
+    if hw.host_ram_gib is not None:
+        return hw.host_ram_gib, None
+    if hw.source.startswith("catalog:") and hw.gpus:
+        assumed = round(ASSUMED_HOST_RAM_PER_GPU_GIB * sum(g.total_gib for g in hw.gpus))
+        return float(assumed), f"unknown for a --gpu what-if, assumed {assumed} GiB; pass --host-ram"
+    return None, None
+
+
+def installed_default_optimizer() -> tuple[str, str]:
+    """(optimizer HF Trainer uses when ``optim`` is unset, why), from the installed transformers and
+    torch versions (importlib.metadata: nothing is imported)."""
+    from importlib import metadata
+
+    from .memory import default_optimizer
+
+    versions: dict[str, str | None] = {}
+    for pkg in ("transformers", "torch"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    optim = default_optimizer(versions["transformers"], versions["torch"])
+    seen = ", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items())
+    return optim, f"optim unset: {optim} is the default with {seen}"
+
+
+def make_memory_chooser(
+    spec: Any,
+    deepspeed_config: Mapping[str, Any] | None,
+    *,
+    headroom: float,
+    default_optim: tuple[str, str] | None = None,
+):
+    """The planner's memory callback. ``default_optim`` = (name, why) from
+    :func:`installed_default_optimizer`, read once by the caller (default: read here, now)."""
     from . import memory
+
+    optim_default, optim_why = default_optim or installed_default_optimizer()
 
     def choose(values: Mapping[str, Any], hw: Hardware, per_device: int, preferred: int) -> MemoryDecision | None:
         if not hw.gpus:
             return None  # CPU training: host RAM, not a card, is the limit; no micro-batch model
         ds = deepspeed_config if values.get("deepspeed") else None
-        setup = memory.setup_from_config(dict(values), world_size=hw.world_size, deepspeed_config=ds)
+        setup = memory.setup_from_config(
+            dict(values), world_size=hw.world_size, deepspeed_config=ds, default_optim=optim_default
+        )
         capacity = min(g.total_gib for g in hw.gpus)
+        host_ram, host_note = host_ram_for(hw)
         choice = memory.choose_micro_batch(
             spec,
             setup,
             capacity_gib=capacity,
             per_device_batch=per_device,
             headroom=headroom,
-            host_ram_gib=hw.host_ram_gib,
+            host_ram_gib=host_ram,
+            host_ram_note=host_note,
             bf16_capable=hw.bf16,
             can_flash=all(g.flash_attn for g in hw.gpus),
         )
@@ -88,17 +142,33 @@ def make_memory_chooser(spec: Any, deepspeed_config: Mapping[str, Any] | None, *
             "capacity_gib": round(capacity, 2),
             "usable_gib": round(usable, 2),
             "headroom": headroom,
+            "verdict": choice.verdict,
+            "headroom_gib": round(choice.headroom_gib, 2),
+            "headroom_share": round(choice.headroom_share, 4),
             "fits": choice.micro_batch is not None,
             "tried": [list(t) for t in choice.tried],
             "model_params": spec.params,
+            "optimizer": choice.setup.optimizer,
+            "optimizer_source": "config" if values.get("optim") else optim_why,
+            "host_ram_gib": host_ram,
+            "host_ram_note": host_note,
         }
         if choice.micro_batch is None:
+            alternatives = [dict(a) for a in choice.alternatives]
+            peak, limit = memory.gib_pair(est["peak_gib"], capacity * (1 - min(headroom, memory.MIN_HEADROOM)))
             raise DoesNotFitError(
                 f"{spec.params / 1e9:.2f}B-parameter model, {setup.finetuning_type} fine-tuning, "
-                f"cutoff_len {setup.seq_len}: peak {est['peak_gib']:.1f} GiB at micro-batch 1 > "
-                f"{usable:.1f} GiB usable on {hw.describe()} ({headroom:.0%} headroom)",
-                hint="ftlaunch never changes the method or data on its own; pick one of the options above",
-                alternatives=[dict(a) for a in choice.alternatives],
+                f"cutoff_len {setup.seq_len}: peak {peak} GiB at micro-batch 1 > {limit} GiB, the most a "
+                f"tight plan may use on {hw.describe()} ({capacity:.2f} GiB less {memory.MIN_HEADROOM:.0%}; "
+                f"the target is {headroom:.0%} headroom)",
+                hint="ftlaunch never changes the method or data on its own; pick one of the options above "
+                "(ordered: same numbers first, then numerics, then method or data)",
+                alternatives=alternatives,
+                payload={
+                    "hardware": hw.to_dict(),
+                    "config": dict(values),
+                    "memory": {**mem, "alternatives": alternatives},
+                },
             )
         edits: list[tuple[str, Any, str]] = []
         env: dict[str, str] = {}
@@ -109,10 +179,23 @@ def make_memory_chooser(spec: Any, deepspeed_config: Mapping[str, Any] | None, *
                 new = offload_config_path()
                 env.update({"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "1"})
             edits.append((key, new, reason))
-        reason = (
-            f"largest micro-batch dividing {per_device} that fits: predicted peak "
-            f"{est['peak_gib']:.1f} GiB <= {usable:.1f} GiB usable ({capacity:.0f} GiB, {headroom:.0%} headroom)"
-        )
-        return MemoryDecision(choice.micro_batch, mem, tuple(edits), env, (), reason)
+        warnings: tuple[str, ...] = ()
+        if choice.verdict == memory.TIGHT:
+            reason = (
+                f"TIGHT: largest micro-batch dividing {per_device} within the card: predicted peak "
+                f"{est['peak_gib']:.2f} GiB of {capacity:.2f} GiB leaves {choice.headroom_share:.1%} "
+                f"({choice.headroom_gib:.2f} GiB) headroom, less than the {headroom:.0%} target"
+            )
+            warnings = (
+                f"tight: predicted peak {est['peak_gib']:.2f} GiB of {capacity:.2f} GiB "
+                f"({choice.headroom_share:.1%} headroom, target {headroom:.0%}); an OOM is recovered by the "
+                "next rung (smaller micro-batch, then offload)",
+            )
+        else:
+            reason = (
+                f"largest micro-batch dividing {per_device} that fits: predicted peak "
+                f"{est['peak_gib']:.1f} GiB <= {usable:.1f} GiB usable ({capacity:.0f} GiB, {headroom:.0%} headroom)"
+            )
+        return MemoryDecision(choice.micro_batch, mem, tuple(edits), env, warnings, reason)
 
     return choose

@@ -395,7 +395,10 @@ def test_tiny_model_on_80gb_card_takes_micro_8() -> None:
 def test_picks_the_largest_divisor_that_fits() -> None:
     spec = SPECS["qwen3-4b"]
     setup = TrainSetup(seq_len=4096)
-    peak = {b: estimate(spec, replace(setup, micro_batch=b)).peak_gib for b in (1, 2, 3, 4, 6, 12)}
+    # the chooser keeps the per-device batch: accumulation = 12 / micro-batch
+    peak = {
+        b: estimate(spec, replace(setup, micro_batch=b, accumulation=12 // b)).peak_gib for b in (1, 2, 3, 4, 6, 12)
+    }
     capacity = (peak[4] + peak[6]) / 2 / (1 - 0.12)
     c = choose_micro_batch(spec, setup, capacity_gib=capacity, per_device_batch=12)
     assert c.micro_batch == 4
