@@ -24,12 +24,27 @@ def env_now() -> dict[str, str]:
 
 def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--gpu, --hardware, --source-gpus, --global-batch, --headroom, --params, --model-config."""
-    f = click.option("--gpu", help="Plan for a catalog card instead of probing: V100-32GB, A100-80GBx4, none.")(f)
+    return _target_options(f, many=False)
+
+
+def compare_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The target options with --gpu and --hardware repeatable (`estimate` compares machines)."""
+    return _target_options(f, many=True)
+
+
+def _target_options(f: Callable[..., Any], many: bool) -> Callable[..., Any]:
+    more = " Repeat it to compare machines." if many else ""
+    f = click.option(
+        "--gpu",
+        multiple=many,
+        help=f"Plan for a catalog card instead of probing: V100-32GB, A100-80GBx4, none.{more}",
+    )(f)
     f = click.option(
         "--hardware",
         "hardware_file",
+        multiple=many,
         type=click.Path(dir_okay=False),
-        help="Plan for a machine captured with `ftlaunch env --json`.",
+        help=f"Plan for a machine captured with `ftlaunch env --json`.{more}",
     )(f)
     f = click.option(
         "--source-gpus",
@@ -71,7 +86,8 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The plan options, plus the supervisor's: --name, --max-retries, --max-crash-retries, --no-recover."""
+    """The plan options, plus the supervisor's: --name, --max-retries, --max-crash-retries, --no-recover,
+    --on-diverge."""
     f = plan_options(f)
     f = click.option("--name", "run_name", help="A name for the run (default: the output_dir's last part).")(f)
     f = click.option(
@@ -89,4 +105,12 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
         help="Retries after a crash that is not an OOM or a config error.",
     )(f)
     f = click.option("--no-recover", is_flag=True, default=None, help="Never retry: a failure ends the run.")(f)
+    f = click.option(
+        "--on-diverge",
+        type=click.Choice(["rollback", "stop", "ignore"]),
+        default="rollback",
+        show_default=True,
+        help="When the loss goes non-finite or spikes: roll back to the last good checkpoint with a lower "
+        "learning rate (at most 2 times), stop, or only record it (docs/health.md).",
+    )(f)
     return f

@@ -486,6 +486,8 @@ class Estimate:
             "time_source": self.time.source,
             "wall_hours": self.time.wall_hours,
             "wall_seconds_central": None if self.time.central_seconds is None else round(self.time.central_seconds, 1),
+            "train_seconds_central": None if self.time.train_central is None else round(self.time.train_central, 1),
+            "run_tokens": round(run_tokens(self.stats, self.steps)),
             "gpu_hours": self.time.gpu_hours,
             "gpus": self.time.gpus,
             "assumptions": list(self.time.assumptions) + list(self.stats.notes),

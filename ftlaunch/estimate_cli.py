@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from .cli_options import env_now, target_options
+from .cli_options import compare_options, env_now
 from .errors import FtlaunchError
 
 
@@ -33,7 +33,13 @@ def _say(text: str) -> None:
 @click.command("estimate", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.argument("overrides", nargs=-1)
-@target_options
+@compare_options
+@click.option(
+    "--price",
+    "prices",
+    multiple=True,
+    help="Price per GPU-hour of a card, e.g. --price A100-80GB=1.9 (repeatable): adds a cost column.",
+)
 @click.option(
     "--probe-steps",
     type=click.IntRange(min=2),
@@ -55,8 +61,9 @@ def _say(text: str) -> None:
 def estimate_cmd(
     config: str,
     overrides: tuple[str, ...],
-    gpu: str | None,
-    hardware_file: str | None,
+    gpu: tuple[str, ...],
+    hardware_file: tuple[str, ...],
+    prices: tuple[str, ...],
     source_gpus: int | None,
     global_batch: int | None,
     headroom: float,
@@ -72,26 +79,51 @@ def estimate_cmd(
     Token counts come from llamafactory's own preprocessing (template, cutoff, packing), run in a
     child process. The time is a range: from a short real run with --probe-steps, else a guess from
     the card's peak FLOP/s and a stated utilisation. Nothing is written to the config's output_dir.
+    Several --gpu / --hardware compare machines in one table (tokens counted once), fastest first.
 
     \b
     Examples:
       ftlaunch estimate cfg.yaml
       ftlaunch estimate cfg.yaml --gpu A100-80GB --json
       ftlaunch estimate cfg.yaml --probe-steps 30 num_train_epochs=2
+      ftlaunch estimate cfg.yaml --gpu V100-32GB --gpu A100-80GB --gpu H100-80GBx8 --price A100-80GB=1.9
     """
     from . import estimate as est
     from . import estimate_run
+    from .compare import parse_prices
     from .runstore import home
     from .service import PlanRequest, make_plan
 
     if probe_steps and (gpu or hardware_file):
         raise click.UsageError("--probe-steps measures this machine; it cannot be combined with --gpu or --hardware")
+    try:
+        price_table = parse_prices(prices)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--price") from None
+    machines = [("gpu", g) for g in gpu] + [("hardware_file", h) for h in hardware_file]
     env = env_now()
+    if len(machines) > 1:
+        common = dict(
+            config=config,
+            overrides=tuple(overrides),
+            source_gpus=source_gpus,
+            global_batch=global_batch,
+            headroom=headroom,
+            params=params,
+            model_config=model_config,
+            strict_files=True,
+        )
+        out = _compare(machines, common, price_table, env)
+        if as_json:
+            click.echo(json.dumps(out, indent=2, default=str))
+        else:
+            _render_comparison(out)
+        return
     req = PlanRequest(
         config=config,
         overrides=tuple(overrides),
-        gpu=gpu,
-        hardware_file=hardware_file,
+        gpu=gpu[0] if gpu else None,
+        hardware_file=hardware_file[0] if hardware_file else None,
         source_gpus=source_gpus,
         global_batch=global_batch,
         headroom=headroom,
@@ -132,6 +164,12 @@ def estimate_cmd(
         },
     )
     out = result.to_dict()
+    if price_table and result.time.gpu_hours:
+        from .compare import price_for
+
+        price = price_for(gpu[0] if gpu else "", p.hardware.gpu_model, price_table)
+        if price is not None:
+            out["cost"] = [round(h * price, 2) for h in result.time.gpu_hours]
     hist = Path(histogram) if histogram else home(env) / "estimates" / f"{Path(config).stem}-lengths.png"
     draw_histogram(stats, result.padding, hist)
     out["histogram"] = str(hist)
@@ -139,6 +177,120 @@ def estimate_cmd(
         click.echo(json.dumps(out, indent=2, default=str))
     else:
         _render(out)
+
+
+def _compare(
+    machines: Sequence[tuple[str, str]],
+    common: Mapping[str, Any],
+    prices: Mapping[str, float],
+    env: Mapping[str, str],
+) -> dict[str, Any]:
+    """Plan and estimate each machine; count the tokens once (they do not depend on the machine)."""
+    from . import compare, estimate_run
+    from . import estimate as est
+    from .errors import DoesNotFitError
+    from .runstore import home
+    from .service import PlanRequest, get_hardware, make_plan
+
+    stats = None
+    rows = []
+    for kind, value in machines:
+        req = PlanRequest(**common, **{kind: value})
+        try:
+            _, p = make_plan(req, env)
+        except DoesNotFitError as exc:
+            hw = get_hardware(req, env)
+            rows.append(compare.row_from_refusal(value, hw.gpu_model, hw.gpu_count, exc.message, exc.alternatives))
+            continue
+        values = dict(p.config)
+        if stats is None:
+            scratch = home(env) / "scratch"
+            scratch.mkdir(parents=True, exist_ok=True)
+            work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))
+            _say("counting tokens with llamafactory's own preprocessing (once for all machines) ...")
+            stats = estimate_run.count_tokens(values, env, work)
+            shutil.rmtree(work, ignore_errors=True)
+        facts = _model_facts(values, p, req)
+        result = est.build_estimate(
+            stats,
+            micro_batch=p.micro_batch,
+            accumulation=p.accumulation,
+            world_size=p.world_size,
+            gpus=p.hardware.gpu_count,
+            values=values,
+            shape=facts["shape"],
+            peak_tflops_per_gpu=facts["peak"],
+        )
+        planned = {
+            **p.to_dict(),
+            "precision": p.precision,
+            "micro_batch": p.micro_batch,
+            "accumulation": p.accumulation,
+        }
+        rows.append(compare.row_from_estimate(value, planned, result.to_dict(), prices))
+    out: dict[str, Any] = {"machines": [r.to_dict() for r in compare.order(rows)]}
+    if stats is not None:
+        s = stats.summary()
+        out["tokens"] = {k: s.get(k) for k in ("samples", "total_tokens", "label_tokens", "cutoff_len", "packing")}
+    return out
+
+
+def _fmt_range_hours(pair: Sequence[float] | None) -> str:
+    """[0.02, 0.17] -> "1.1-10 min"; [1.5, 4.2] -> "1.5-4.2 h" (one unit for both ends)."""
+    if not pair:
+        return "-"
+    lo, hi = pair
+    if hi < 1:
+        return f"{lo * 60:.2g}-{hi * 60:.2g} min"
+    return f"{lo:.2g}-{hi:.2g} h" if hi < 100 else f"{lo:,.0f}-{hi:,.0f} h"
+
+
+def _render_comparison(out: Mapping[str, Any]) -> None:
+    from rich.table import Table
+
+    from .render import Out, add_id_column
+
+    console = Out()
+    tok = out.get("tokens") or {}
+    title = "machines, fastest first"
+    if tok:
+        title += f" ({tok.get('samples'):,} samples, {tok.get('total_tokens'):,} tokens per epoch)"
+    t = Table(title=title)
+    add_id_column(t, "machine", [m["machine"] for m in out["machines"]])
+    for col in ("fits", "precision", "micro x acc", "tokens/s", "wall time", "GPU-hours"):
+        t.add_column(col, no_wrap=True)
+    with_cost = any(m.get("cost") for m in out["machines"])
+    if with_cost:
+        t.add_column("cost", no_wrap=True)
+    notes: list[str] = []
+    for m in out["machines"]:
+        if not m["fits"]:
+            alt = m.get("alternative")
+            best = f"{alt.get('option')} ({alt.get('peak_gib', 0):.1f} GiB)" if alt else "none"
+            notes.append(f"{m['machine']}: does not fit as asked; best option that fits: {best}")
+            cells = [m["machine"], "no", *["-"] * 5]
+        else:
+            gh = m.get("gpu_hours")
+            cells = [
+                m["machine"],
+                "yes" if m.get("verdict") in (None, "fits") else str(m["verdict"]),
+                str(m.get("precision") or "-"),
+                f"{m['micro_batch']} x {m['accumulation']}",
+                "-" if m.get("tokens_per_second") is None else f"{m['tokens_per_second']:,.0f}",
+                _fmt_range_hours(m.get("wall_hours")),
+                "-" if not gh else f"{gh[0]:.2f}-{gh[1]:.2f}",
+            ]
+        if with_cost:
+            cost = m.get("cost")
+            cells.append("-" if not cost else f"{cost[0]:,.2f}-{cost[1]:,.2f}")
+        t.add_row(*cells)
+        notes += [n for n in m.get("notes") or () if n not in notes]
+    console.print(t)
+    from .estimate import UTILISATION
+
+    band = f"{UTILISATION[0]:.0%}-{UTILISATION[1]:.0%}"
+    for n in [f"times: each card's peak FLOP/s x a {band} utilisation band (a guess, not a measurement)", *notes]:
+        console.print(f"  - {n}", highlight=False, markup=False)
 
 
 def _model_facts(values: Mapping[str, Any], p: Any, req: Any) -> dict[str, Any]:
