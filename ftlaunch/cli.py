@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
 from .cli_options import env_now, plan_options, run_options
 from .errors import DoesNotFitError, ExitCode, FtlaunchError
-from .render import Out, runs_table
+from .render import Out, alternatives_table, runs_table
 
 console = Out()
 err_console = Out(stderr=True)
@@ -33,20 +34,9 @@ class FtlaunchGroup(click.Group):
         except FtlaunchError as exc:
             if os.environ.get("FTLAUNCH_DEBUG") == "1":
                 raise
-            err_console.print(f"[red]error:[/red] {exc.message}", highlight=False, markup=True)
+            err_console.print(f"[red]error:[/red] {escape(exc.message)}", highlight=False, markup=True)
             if isinstance(exc, DoesNotFitError) and exc.alternatives:
-                t = Table(title="what would fit (predicted peak per GPU)")
-                for col in ("option", "peak GiB", "fits", "change"):
-                    t.add_column(col)
-                for a in exc.alternatives:
-                    change = a.get("change") or {}
-                    t.add_row(
-                        str(a.get("option")),
-                        f"{a.get('peak_gib', 0):.1f}",
-                        "yes" if a.get("fits") else "no",
-                        " ".join(f"{k}={v}" for k, v in change.items()),
-                    )
-                err_console.print(t)
+                err_console.print(alternatives_table(exc.alternatives))
             if exc.hint:
                 err_console.print(f"hint: {exc.hint}", highlight=False, markup=False)
             ctx.exit(int(exc.exit_code))
@@ -80,7 +70,12 @@ def _request(config: str, overrides: tuple[str, ...], strict: bool, **kw: Any):
 @click.argument("overrides", nargs=-1)
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
-def plan(config: str, overrides: tuple[str, ...], as_json: bool, **kw: Any) -> None:
+@click.option(
+    "--simulate",
+    is_flag=True,
+    help="Also measure the chosen setup's peak on fake tensors (a child process with torch; 1-3 min).",
+)
+def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool, **kw: Any) -> None:
     """Show how CONFIG would be adapted to this machine; run nothing.
 
     \b
@@ -88,6 +83,7 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, **kw: Any) -> N
       ftlaunch plan examples/train_full/qwen3_full_sft.yaml learning_rate=2e-5
       ftlaunch plan cfg.yaml --gpu V100-32GB
       ftlaunch plan cfg.yaml --source-gpus 8 --json
+      ftlaunch plan cfg.yaml --gpu V100-32GB --simulate      # also measure it on fake tensors
     """
     from .render import plan_renderables
     from .service import make_plan
@@ -98,15 +94,34 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, **kw: Any) -> N
         if as_json:  # the whole object on stdout too; the error and table still go to stderr, exit 5
             _echo_json({**exc.payload, "error": exc.message, "alternatives": exc.alternatives})
         raise
+    sim = None
+    if simulate:
+        from .memplan import simulate_plan
+
+        err_console.print("simulating one training step on fake tensors (child process, 1-3 min) ...")
+        sim = simulate_plan(p, kw.get("model_config"))
     if as_json:
         from .launch import public_env
 
         d = p.to_dict()
         d["env"] = public_env(p.env)
+        if sim is not None:
+            d["memory"] = {**(d["memory"] or {}), "simulated": sim}
         _echo_json(d)
         return
     for r in plan_renderables(p):
         console.print(r)
+    if sim is not None:
+        if sim.get("simulated_peak_gib") is not None:
+            console.print(
+                f"simulated peak {sim['simulated_peak_gib']:.2f} GiB (tensors {sim['simulated_tensors_gib']:.2f}) "
+                f"beside the formula's {sim['formula_peak_gib']:.2f} GiB (tensors {sim['formula_tensors_gib']:.2f}); "
+                f"{sim['seconds']:.0f} s",
+                highlight=False,
+            )
+        else:
+            why = sim.get("error") or "; ".join(sim.get("unsupported") or [])
+            console.print(f"not simulated ({why}): the formula's figure stands", highlight=False)
 
 
 @main.command()

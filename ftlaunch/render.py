@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .hardware import Hardware
@@ -163,6 +164,48 @@ def hardware_renderables(hw: Hardware) -> list[Any]:
     for n in hw.notes:
         out.append(f"note: {n}")
     return out
+
+
+KIND_TITLES = {  # short: they sit in the option column
+    "same-numbers": "same numbers:",
+    "numerics": "other numerics:",
+    "method": "other method/data:",
+}
+
+
+def alternatives_table(alternatives: list[dict[str, Any]]) -> Table:
+    """The options when a config does not fit, grouped by how much they change the training; a "no"
+    says why (GPU peak or host RAM), a "yes" says what to change and what it costs in speed."""
+    t = Table(
+        title="what would fit (predicted per GPU; host RAM for offload)",
+        caption="ordered by how much each changes the training: same numbers, then numerics, then method or data",
+    )
+    t.add_column("option", no_wrap=True)
+    t.add_column("peak GiB", justify="right", no_wrap=True)
+    t.add_column("host GiB", justify="right", no_wrap=True)
+    t.add_column("fits", no_wrap=True)
+    t.add_column("change / why not", overflow="fold")
+    kind = None
+    for a in alternatives:
+        if a.get("kind") != kind and a.get("kind") in KIND_TITLES:
+            if kind is not None:
+                t.add_section()
+            kind = a.get("kind")
+            t.add_row(f"[dim]{KIND_TITLES[str(kind)]}[/dim]", "", "", "", "")
+        change = " ".join(f"{k}={v}" for k, v in (a.get("change") or {}).items())
+        host = a.get("host_gib")
+        if a.get("fits"):
+            note = change + (f"  (speed: {a['speed']})" if a.get("speed") and a["speed"] != "same" else "")
+        else:
+            note = str(a.get("why") or change)
+        t.add_row(
+            escape(str(a.get("option"))),
+            f"{a.get('peak_gib', 0):.1f}",
+            "-" if not host else f"{host:.0f}",
+            "yes" if a.get("fits") else "no",
+            escape(note),
+        )
+    return t
 
 
 def runs_table(rows: list[dict[str, Any]]) -> Table:

@@ -161,3 +161,29 @@ def test_lost_run_counts_its_gpu_hours(project, fake_trainer, isolated_home):  #
         time.sleep(0.2)
     assert view["status"] == "lost"
     assert view["wall_seconds"] >= 1.0 and view["gpu_hours"] > 0, view
+
+
+def test_does_not_fit_table_says_why_an_option_is_no_and_groups_by_kind():
+    from ftlaunch.render import alternatives_table
+
+    alts = [
+        {"option": "ZeRO-3 CPU offload", "kind": "same-numbers", "peak_gib": 5.3, "host_gib": 202.0, "fits": False,
+         "why": "needs 202 GiB host RAM, machine has 24", "change": {"deepspeed": "ds_z3_offload"}},
+        {"option": "8-bit AdamW", "kind": "numerics", "peak_gib": 9.0, "host_gib": 0.0, "fits": True,
+         "speed": "same", "change": {"optim": "adamw_bnb_8bit"}},
+        {"option": "LoRA r=8", "kind": "method", "peak_gib": 6.5, "fits": True, "speed": "faster",
+         "change": {"finetuning_type": "lora"}},
+    ]  # fmt: skip
+    text = render(alternatives_table(alts), 100)
+    flat = " ".join(text.split())
+    assert "needs 202 GiB host RAM, machine has 24" in flat
+    assert flat.index("same numbers:") < flat.index("ZeRO-3") < flat.index("other numerics:") < flat.index("8-bit")
+    assert flat.index("8-bit") < flat.index("other method/data:") < flat.index("LoRA")
+    assert "optim=adamw_bnb_8bit" in flat and "(speed: faster)" in flat and "(speed: same)" not in flat
+
+
+def test_error_messages_are_not_read_as_markup(tmp_path):
+    # A path with brackets in a message must print as it is (rich would eat "[x]" as a style).
+    bad = tmp_path / "cfg[v2].yaml"
+    r = CliRunner().invoke(main, ["plan", str(bad)])
+    assert r.exit_code == 3 and "cfg[v2].yaml" in "".join(r.output.split()), r.output
