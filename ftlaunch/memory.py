@@ -35,6 +35,7 @@ __all__ = [
     "setup_from_config",
     "trainable_params",
     "estimate",
+    "peak_from_tensors",
     "choose_micro_batch",
     "korthikanti_layer_bytes",
     "deepspeed_zero2_gpu_bytes",
@@ -699,6 +700,13 @@ def _logits_bytes(spec: ModelSpec, setup: TrainSetup) -> float:
 # ============================================================================================
 
 
+def peak_from_tensors(tensors_gib: float, world_size: int = 1) -> float:
+    """Process memory (GiB) for a tensor peak: + the CUDA context and workspaces outside PyTorch,
+    + NCCL buffers on several GPUs, + the caching allocator's slack. Also turns a simulated tensor
+    peak into a figure comparable with the card."""
+    return tensors_gib * (1 + FRAGMENTATION) + CUDA_CONTEXT_GIB + (NCCL_GIB if world_size > 1 else 0.0)
+
+
 def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     """Peak GPU memory per device (GiB) for one training step of ``setup`` on ``spec``."""
     if setup.attn_impl not in _ATTN:
@@ -720,9 +728,8 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         # copies alive throughout; the loss peak and a layer's working set do not coexist).
         fwd_bwd = st.weights + st.grads + st.optimizer + stored + max(working, logits)
         tensors = max(fwd_bwd, step)
-    overhead = CUDA_CONTEXT_GIB * GIB + (NCCL_GIB * GIB if setup.world_size > 1 else 0.0)
-    overhead += FRAGMENTATION * tensors
-    peak = tensors + overhead
+    peak = peak_from_tensors(tensors / GIB, setup.world_size) * GIB
+    overhead = peak - tensors
     return MemoryEstimate(
         weights_gib=st.weights / GIB,
         gradients_gib=st.grads / GIB,

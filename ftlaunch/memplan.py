@@ -102,6 +102,59 @@ def installed_default_optimizer() -> tuple[str, str]:
     return optim, f"optim unset: {optim} is the default with {seen}"
 
 
+def raw_model_config(values: Mapping[str, Any], model_config: str | None = None) -> dict[str, Any] | None:
+    """The config.json dict the simulator builds the model from: --model-config FILE, else a local
+    model directory's config.json; None when there is none (``--params`` only guesses shapes)."""
+    import json
+
+    path = Path(model_config) if model_config else None
+    if path is None:
+        local = values.get("model_name_or_path")
+        if isinstance(local, str) and (Path(local) / "config.json").is_file():
+            path = Path(local) / "config.json"
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if isinstance(data.get("text_config"), dict):  # composite (vision) models: the language model only
+        data = {"model_type": data["text_config"].get("model_type", data.get("model_type")), **data["text_config"]}
+    return data
+
+
+def simulate_plan(plan: Any, model_config: str | None = None, *, python: str | None = None) -> dict[str, Any]:
+    """Run the simulator (a child process, ftlaunch.simulate) on the setup ``plan`` chose.
+
+    Returns the simulated tensor peak and, comparable with the card, that peak plus the same
+    overhead the formulas add; beside them the formula's figures. What cannot be simulated (QLoRA,
+    flash-attention, DeepSpeed, 8-bit optimizers) is listed and the formula stands alone.
+    """
+    from . import memory
+    from .simulate import run_child
+
+    mem = dict(plan.memory or {})
+    out: dict[str, Any] = {
+        "formula_tensors_gib": mem.get("tensors_gib"),
+        "formula_peak_gib": mem.get("peak_gib"),
+    }
+    cfg = raw_model_config(plan.config, model_config)
+    if cfg is None or not plan.hardware.gpus:
+        out["error"] = "no config.json to build the model from" if cfg is None else "no GPU: nothing to simulate"
+        return out
+    setup = memory.setup_from_config(
+        dict(plan.config),
+        world_size=plan.world_size,
+        default_optim=str(mem.get("optimizer") or "adamw_torch"),
+    )
+    res = run_child(cfg, setup, python=python)
+    out.update(res.to_dict())
+    out["simulated_tensors_gib"] = out.pop("peak_gib")
+    if res.peak_gib is not None:
+        out["simulated_peak_gib"] = round(memory.peak_from_tensors(res.peak_gib, plan.world_size), 2)
+    return out
+
+
 def make_memory_chooser(
     spec: Any,
     deepspeed_config: Mapping[str, Any] | None,
