@@ -1,0 +1,5 @@
+"""`python -m ftlaunch`: the command line."""
+
+from .cli import main
+
+main()
