@@ -144,14 +144,18 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), cwd: str | Path
         data = json.loads(text) if src_abs.suffix == ".json" else yaml.load(text, Loader=_Loader)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path} does not parse: {exc}") from None
-    if data is None:
-        data = {}
+    if data is None or data == {}:
+        raise ConfigError(
+            f"{path} is empty: there is nothing to train",
+            hint="a training config names at least model_name_or_path, stage, dataset and output_dir",
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping of key: value, not {type(data).__name__}")
     over, problems = parse_overrides(overrides)
     merged = dict(data)
     merged.update(over)
     problems += validate_keys(merged)
+    problems += validate_values(merged)
     if problems:
         raise ConfigError(problems)
     return LoadedConfig(
@@ -207,6 +211,56 @@ def validate_keys(values: Mapping[str, Any]) -> list[str]:
         if kind and not _kind_ok(kind, v):
             problems.append(f"key {k!r} must be {kind}, got {type(v).__name__} {v!r}")
     return problems
+
+
+# Keys that must be whole numbers >= 1: the planner divides by them and keeps their product.
+POSITIVE_INT_KEYS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+
+
+def validate_values(values: Mapping[str, Any]) -> list[str]:
+    """Values llamafactory would accept but that cannot train: batch sizes, accumulation, length.
+
+    Checked before anything starts, so a bad value is named here, not replaced by a default."""
+    problems = []
+    for k in POSITIVE_INT_KEYS:
+        v = values.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            problems.append(f"key {k!r} must be a whole number >= 1, got {v!r}")
+    steps = values.get("max_steps")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps == 0 or steps < -1):
+        problems.append(f"key 'max_steps' must be a whole number >= 1 (or -1: train by epochs), got {steps!r}")
+    epochs = values.get("num_train_epochs")
+    by_steps = isinstance(steps, int) and not isinstance(steps, bool) and steps > 0
+    if epochs is not None and not by_steps:
+        try:
+            ok = float(epochs) > 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            problems.append(f"key 'num_train_epochs' must be > 0 (or set max_steps), got {epochs!r}")
+    return problems
+
+
+_SECRET_KEY = re.compile(r"(^hub_token$|_token$|api_key)", re.I)
+
+
+def is_secret_key(key: str) -> bool:
+    """hub_token, ms_hub_token, hf_hub_token, swanlab_api_key, ...: values never written in clear."""
+    return bool(_SECRET_KEY.search(str(key)))
+
+
+def split_secrets(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(public, secret): secret-looking keys with a value, apart from the rest."""
+    secret = {k: v for k, v in values.items() if is_secret_key(k) and v not in (None, "")}
+    return {k: v for k, v in values.items() if k not in secret}, secret
+
+
+def redact_secret_text(text: str, secrets: Mapping[str, Any]) -> str:
+    """Text (a YAML file, an override) with every secret value replaced by ***."""
+    for v in secrets.values():
+        if len(str(v)) >= 4:
+            text = text.replace(str(v), "***")
+    return text
 
 
 def looks_like_path(value: str) -> bool:

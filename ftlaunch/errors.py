@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     RUNNING = 11  # status: the run is still running
     STATE = 12  # a run's state files are unreadable
     TRAINER = 13  # the trainer executable is missing or cannot start
+    DIVERGED = 14  # the loss went non-finite or spiked, and rollbacks did not cure it (or --on-diverge stop)
 
 
 class FtlaunchError(Exception):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .errors import TrainerError
@@ -56,10 +56,10 @@ def trainer_env(
     return env
 
 
-def redact(text: str, env: Mapping[str, str]) -> str:
-    """Remove secret values from text that is about to be written or shown."""
-    for key in SECRET_ENV:
-        value = env.get(key)
+def redact(text: str, env: Mapping[str, str], secrets: Iterable[str] = ()) -> str:
+    """Remove secret values (of SECRET_ENV variables, and ``secrets``) from text about to be written."""
+    values = [env.get(key) for key in SECRET_ENV] + list(secrets)
+    for value in values:
         if value and len(value) >= 4:
             text = text.replace(value, "***")
     return text

@@ -49,9 +49,10 @@ def liveness(pid: int | None, started: float | None) -> Liveness:
 
 
 def spawn_detached(
-    cmd: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None
+    cmd: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None, pass_fds: Sequence[int] = ()
 ) -> subprocess.Popen:
-    """Start ``cmd`` in a new session: no controlling terminal, immune to the shell's SIGHUP."""
+    """Start ``cmd`` in a new session: no controlling terminal, immune to the shell's SIGHUP.
+    ``pass_fds``: descriptors the child inherits (an output_dir lock handed over)."""
     log = open(log_path, "ab")
     try:
         return subprocess.Popen(
@@ -63,6 +64,7 @@ def spawn_detached(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            pass_fds=tuple(pass_fds),
         )
     finally:
         log.close()

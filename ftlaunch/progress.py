@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .runstore import json_lines
+
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
 
@@ -31,19 +33,16 @@ class Progress:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def parse_trainer_log(text: str) -> list[dict[str, Any]]:
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written right now
-        if isinstance(rec, dict) and "current_steps" in rec:
-            out.append(rec)
-    return out
+def _is_step_record(rec: dict[str, Any]) -> bool:
+    steps = rec.get("current_steps")
+    return isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0
+
+
+def parse_trainer_log(text: str | bytes) -> list[dict[str, Any]]:
+    """Step records of trainer_log.jsonl. Torn, half-written and foreign lines are skipped (a line
+    being written right now is one of them); a record's ``current_steps`` is always an int."""
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+    return json_lines(data, _is_step_record)[0]
 
 
 def latest_progress(records: list[dict[str, Any]]) -> Progress:

@@ -12,12 +12,15 @@ Layout of ``$FTLAUNCH_HOME/runs/<id>/``:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
+import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -105,55 +108,103 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def append_event(run_dir: Path, event: str, **fields: Any) -> dict[str, Any]:
     rec = {"t": now_iso(), "event": event, **fields}
-    with open(run_dir / "events.jsonl", "a") as f:
-        f.write(json.dumps(rec, default=str) + "\n")
+    # One write() of one line: concurrent appenders (supervisor, stop, resume) never interleave.
+    line = (json.dumps(rec, default=str, ensure_ascii=False) + "\n").encode()
+    fd = os.open(run_dir / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
     return rec
+
+
+_TOLD: set[str] = set()
+
+
+def say_skipped(path: Path, count: int) -> None:
+    """Tell once per file and process that unreadable lines were skipped (readers never raise)."""
+    if count and str(path) not in _TOLD:
+        _TOLD.add(str(path))
+        print(f"ftlaunch: skipped {count} unreadable line(s) in {path}", file=sys.stderr)
+
+
+def json_lines(data: bytes, keep: Callable[[Any], bool]) -> tuple[list[dict[str, Any]], int]:
+    """Records of a JSON-lines byte string that pass ``keep``, and how many lines were not records.
+
+    A torn write (half a multibyte character, half a line) or a foreign line costs that line only."""
+    out: list[dict[str, Any]] = []
+    skipped = 0
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
+            skipped += 1
+            continue
+        if isinstance(rec, dict) and keep(rec):
+            out.append(rec)
+        else:
+            skipped += 1
+    return out, skipped
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "events.jsonl"
-    out: list[dict[str, Any]] = []
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn last line after a crash: skip it, keep the rest
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    out, skipped = json_lines(data, lambda rec: isinstance(rec.get("event"), str))
+    say_skipped(path, skipped)
     return out
 
 
 def read_state(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "state.json"
+    hint = f"the run can still be resumed from its output_dir: ftlaunch resume {run_dir.name}"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
+        raise StateError(f"run {run_dir.name}: state.json is missing", hint=hint) from None
+    except (OSError, ValueError) as exc:  # a bad byte is a UnicodeDecodeError, a ValueError
+        raise StateError(f"run {run_dir.name}: state.json is unreadable ({exc})", hint=hint) from None
+    if not isinstance(data, dict):
+        raise StateError(f"run {run_dir.name}: state.json does not hold an object", hint=hint)
+    if data.get("version") != STATE_VERSION:
         raise StateError(
-            f"run {run_dir.name}: state.json is missing",
-            hint=f"the run can still be resumed from its output_dir: ftlaunch resume {run_dir.name}",
-        ) from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise StateError(
-            f"run {run_dir.name}: state.json is unreadable ({exc})",
-            hint=f"the run can still be resumed from its output_dir: ftlaunch resume {run_dir.name}",
-        ) from None
-    if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
-        raise StateError(
-            f"run {run_dir.name}: state.json has version {data.get('version') if isinstance(data, dict) else '?'}, "
-            f"this ftlaunch reads version {STATE_VERSION}",
-            hint="use the ftlaunch version that made the run, or resume it to rewrite its state",
+            f"run {run_dir.name}: state.json has version {data.get('version')!r}, "
+            f"this ftlaunch reads version {STATE_VERSION}; not touching it",
+            hint="use the ftlaunch version that made the run",
         )
     return data
 
 
-def update_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
+@contextmanager
+def state_lock(run_dir: Path) -> Iterator[None]:
+    """Serialise read-modify-write of one run's state across processes (supervisor, stop, resume)."""
+    fd = os.open(run_dir / ".state.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        state = read_state(run_dir)
-    except StateError:
-        state = {"version": STATE_VERSION, "id": run_dir.name}
-    state.update(fields)
-    state["updated"] = now_iso()
-    write_json_atomic(run_dir / "state.json", state)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def update_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into state.json atomically. A state this ftlaunch cannot read (corrupt, or of
+    another version) is refused with StateError, never overwritten: it still holds the status, the
+    output_dir and the retry budget. Only a missing state.json is started afresh."""
+    with state_lock(run_dir):
+        try:
+            state = read_state(run_dir)
+        except StateError:
+            if (run_dir / "state.json").exists():
+                raise
+            state = {"version": STATE_VERSION, "id": run_dir.name}
+        state.update(fields)
+        state["updated"] = now_iso()
+        write_json_atomic(run_dir / "state.json", state)
     return state
 
 
@@ -177,13 +228,7 @@ def find_run(env: Mapping[str, str], ref: str | None) -> Path:
     prefix = [p for p in runs if p.name.startswith(ref)]
     if len(prefix) == 1:
         return prefix[0]
-    named = []
-    for p in runs:
-        try:
-            if read_state(p).get("name") == ref:
-                named.append(p)
-        except StateError:
-            continue
+    named = [p for p in runs if run_name(p) == ref]
     if named:
         return named[-1]  # a name may be reused; the latest run of that name
     if len(prefix) > 1:
@@ -192,3 +237,41 @@ def find_run(env: Mapping[str, str], ref: str | None) -> Path:
             hint="give more characters of the id",
         )
     raise RunNotFoundError(f"no run {ref!r}", hint="`ftlaunch runs` lists them")
+
+
+def run_name(run_dir: Path) -> str | None:
+    """A run's name from its state, else from its "created" event (state.json damaged or gone)."""
+    try:
+        return read_state(run_dir).get("name")
+    except StateError:
+        pass
+    for ev in read_events(run_dir):
+        if ev.get("event") == "created" and ev.get("name"):
+            return str(ev["name"])
+    return None
+
+
+SECRETS_FILE = "secrets.json"
+
+
+def write_secrets(run_dir: Path, secrets: Mapping[str, Any]) -> None:
+    """Secret config values, readable by this user only (0600 from creation, never wider)."""
+    if not secrets:
+        return
+    path = run_dir / SECRETS_FILE
+    fd, tmp = tempfile.mkstemp(prefix=f".{SECRETS_FILE}.", dir=run_dir)  # mkstemp creates it 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(secrets), f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_secrets(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / SECRETS_FILE).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

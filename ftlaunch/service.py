@@ -13,11 +13,21 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from . import progress as prog
-from .config import PATH_KEYS, LoadedConfig, dump_yaml, load_config, load_deepspeed, resolve_paths
+from .config import (
+    PATH_KEYS,
+    LoadedConfig,
+    dump_yaml,
+    load_config,
+    load_deepspeed,
+    redact_secret_text,
+    resolve_paths,
+    split_secrets,
+)
 from .errors import BusyError, ConfigError, HardwareError, StateError
 from .hardware import Hardware, catalog_hardware, gpu_memory_of, load_hardware_file, probe
 from .launch import find_trainer, public_env
@@ -37,6 +47,7 @@ from .runstore import (
     runs_root,
     update_state,
     write_json_atomic,
+    write_secrets,
 )
 
 
@@ -64,7 +75,13 @@ def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path
     if req.gpu:
         return catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib or probe_ram())
     if req.hardware_file:
-        hw = load_hardware_file(req.hardware_file)
+        try:
+            hw = load_hardware_file(req.hardware_file)
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:  # valid JSON of the wrong shape
+            raise HardwareError(
+                f"hardware file {req.hardware_file} does not describe a machine ({type(exc).__name__}: {exc})",
+                hint="write it with `ftlaunch env --json > hw.json`",
+            ) from None
     else:
         hw = probe(env, disk_path=disk_path)
     if req.host_ram_gib:
@@ -174,10 +191,16 @@ def create_run(
     trainer_env: Mapping[str, str] | None = None,
     extra_state: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write a run directory completely, then make it visible with one rename (no half runs)."""
+    """Write a run directory completely, then make it visible with one rename (no half runs).
+
+    Secret-looking keys (hub_token, *_token, *api_key*) go to a 0600 secrets.json only: config.yaml,
+    plan.json, plan.txt, source.yaml and state.json never hold them in clear."""
     root = runs_root(env)
+    home_problem(env)
     root.mkdir(parents=True, exist_ok=True)
     run_id = new_run_id()
+    public, secrets = split_secrets(p.config)
+    p = Plan(**{**p.__dict__, "config": public})
     tmp = root / f".{run_id}.tmp"
     tmp.mkdir()
     try:
@@ -187,7 +210,11 @@ def create_run(
         p, dataset_info = bind_run_dir(p, root / run_id)
         if dataset_info is not None:
             (tmp / INFO_FILE).write_text(json.dumps(dataset_info, indent=2, ensure_ascii=False) + "\n")
-        shutil.copyfile(loaded.source_path, tmp / "source.yaml")
+        source_secrets = split_secrets(loaded.values)[1]
+        (tmp / "source.yaml").write_bytes(
+            redact_secret_text(loaded.source_path.read_bytes().decode(errors="replace"), source_secrets).encode()
+        )
+        write_secrets(tmp, secrets)
         (tmp / "config.yaml").write_text(dump_yaml(p.config, p.header))
         (tmp / "plan.txt").write_text(plan_text(p))
         plan_dict = p.to_dict()
@@ -204,7 +231,7 @@ def create_run(
             "created": now_iso(),
             "attempt": 0,
             "source_config": str(loaded.source_path),
-            "overrides": list(loaded.overrides),
+            "overrides": [redact_secret_text(o, secrets) for o in loaded.overrides],
             "base_dir": str(loaded.base_dir),
             "output_dir": output_dir,
             "run_dir": str(root / run_id),
@@ -231,22 +258,173 @@ def create_run(
     return run_dir
 
 
-def supervisor_command(run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "ftlaunch.supervisor", str(run_dir)]
+# ---------------------------------------------------------------- output_dir ownership
 
 
-def start_detached(run_dir: Path, env: Mapping[str, str], wait: float = 10.0) -> int:
-    """Spawn the supervisor in a new session; return its pid once it has taken over the run."""
-    find_trainer(env)  # fail now, in the user's shell, rather than in the background
-    proc = spawn_detached(supervisor_command(run_dir), env, run_dir / "supervisor.log", cwd=run_dir)
+class Existing(StrEnum):
+    """What `train` may do with checkpoints it finds in the output_dir."""
+
+    REFUSE = "refuse"  # default: only an unfinished ftlaunch run of this config may be continued
+    RESUME = "resume"  # --resume-existing: continue them, recorded as such
+    FRESH = "fresh"  # --fresh: move the old content aside into <output_dir>.old-<UTC>
+
+
+def output_dir_verdict(
+    output_dir: str, checkpoints: list[str], owners: list[dict[str, Any]], key: str, mode: Existing
+) -> tuple[str, str]:
+    """Pure: what a new run does with an output_dir: ("use" | "continue" | "adopt" | "fresh", why).
+
+    ``owners``: the states of earlier ftlaunch runs into this output_dir, latest last. Raises
+    BusyError (exit 7) for checkpoints that no unfinished ftlaunch run of this config left: the
+    trainer would resume them (overwrite_output_dir is off so ftlaunch's restarts resume), and a
+    fresh run would silently train nothing, or on top of another run."""
+    if mode is Existing.FRESH:
+        return "fresh", "--fresh: the old content is moved aside"
+    if not checkpoints:
+        return "use", "no checkpoints there"
+    if mode is Existing.RESUME:
+        return "adopt", f"--resume-existing: continuing {checkpoints[-1]}"
+    mine = owners[-1] if owners else None
+    if mine and mine.get("memory_key") == key and mine.get("status") != RunStatus.SUCCEEDED.value:
+        return "continue", f"continuing run {mine.get('id')} of this config from {checkpoints[-1]}"
+    if mine and mine.get("memory_key") == key:
+        why = f"run {mine.get('id')} of this config already succeeded there"
+    elif mine:
+        why = f"run {mine.get('id')} of another config left them"
+    else:
+        why = "no ftlaunch run left them"
+    raise BusyError(
+        f"output_dir {output_dir} holds {', '.join(checkpoints[-3:])}"
+        f"{' ...' if len(checkpoints) > 3 else ''}: {why}; the trainer would resume from them",
+        hint="pass --resume-existing to continue those checkpoints, --fresh to move them aside into "
+        f"{output_dir}.old-<UTC time> (nothing is deleted), or set another output_dir",
+    )
+
+
+def home_problem(env: Mapping[str, str]) -> None:
+    """FTLAUNCH_HOME must be a directory this user can write (exit 12, like `schedule add`)."""
+    root = runs_root(env)
+    if problem := not_writable(root):
+        raise StateError(f"FTLAUNCH_HOME: {problem}", hint="set FTLAUNCH_HOME to a writable directory")
+
+
+def not_writable(path: Path) -> str | None:
+    """Why files cannot be created in ``path`` (made if missing), or None. A real probe: os.access
+    says yes to root on a read-only mount."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        return f"{path} is not writable ({exc.strerror or exc})"
+    return None
+
+
+def claim_output_dir(
+    env: Mapping[str, str], loaded: LoadedConfig, p: Plan, existing: Existing = Existing.REFUSE
+) -> tuple[IO[str], dict[str, Any]]:
+    """Before a new run exists: check FTLAUNCH_HOME and the output_dir, take the output_dir's lock
+    (exit 7 when a live run holds it) and decide about old checkpoints under it.
+
+    Returns the held lock (hand it to `start_detached` or the Supervisor) and the state fields that
+    record what was found."""
+    from .memory_store import config_key
+    from .runstore import list_runs
+    from .supervisor import acquire_output_lock
+
+    home_problem(env)
+    output_dir = str(p.config.get("output_dir") or "")
+    if not output_dir:
+        raise ConfigError("key 'output_dir' is missing: the run needs a directory for its checkpoints")
+    if problem := not_writable(Path(output_dir)):
+        raise ConfigError(f"output_dir {problem}", hint="choose a directory you can write")
+    lock = acquire_output_lock(env, output_dir, "a new run")
+    try:
+        out = Path(output_dir)
+        checkpoints = [path.name for _, path in prog.checkpoint_dirs(out)]
+        owners = []
+        for run_dir in list_runs(env):
+            try:
+                st = read_state(run_dir)
+            except StateError:
+                continue
+            if st.get("output_dir") and os.path.abspath(st["output_dir"]) == os.path.abspath(output_dir):
+                owners.append(st)
+        owners.sort(key=lambda st: str(st.get("created") or ""))  # ids of one second sort at random
+        key = config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target)
+        verdict, why = output_dir_verdict(output_dir, checkpoints, owners, key, existing)
+        record: dict[str, Any] = {}
+        if verdict == "fresh" and out.is_dir() and any(out.iterdir()):
+            aside = Path(f"{output_dir}.old-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+            out.rename(aside)
+            out.mkdir()
+            record = {"output_dir_moved_to": str(aside)}
+        elif verdict in ("adopt", "continue"):
+            record = {"adopted_checkpoint": checkpoints[-1], "adopted_because": why}
+        return lock, record
+    except BaseException:
+        lock.close()
+        raise
+
+
+def new_run(
+    loaded: LoadedConfig, p: Plan, env: Mapping[str, str], *, existing: Existing = Existing.REFUSE, **settings: Any
+) -> tuple[Path, IO[str]]:
+    """`train`: claim the output_dir, then create the run. The lock returned is held: pass it on to
+    `start_detached` or `Supervisor(lock=...)`, so no second run can start in between."""
+    from .supervisor import relabel_lock
+
+    lock, record = claim_output_dir(env, loaded, p, existing)
+    try:
+        extra = {**dict(settings.pop("extra_state", None) or {}), **record}
+        run_dir = create_run(loaded, p, env, extra_state=extra, **settings)
+        relabel_lock(lock, run_dir.name)
+        if record:
+            append_event(run_dir, "output_dir_claimed", **record)
+    except BaseException:
+        lock.close()
+        raise
+    return run_dir, lock
+
+
+def supervisor_command(run_dir: Path, lock_fd: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "ftlaunch.supervisor", str(run_dir)]
+    return cmd if lock_fd is None else [*cmd, "--lock-fd", str(lock_fd)]
+
+
+def start_detached(run_dir: Path, env: Mapping[str, str], wait: float = 60.0, lock: IO[str] | None = None) -> int:
+    """Spawn the supervisor in a new session; return its pid once it has taken over the run.
+
+    ``lock``: the output_dir lock this process holds; the supervisor inherits it (same open file,
+    so the lock never lapses) and this process lets go of its copy. Without it, a supervisor that
+    finds the output_dir busy exits 7, and so does this call."""
+    try:
+        find_trainer(env)  # fail now, in the user's shell, rather than in the background
+        fd = lock.fileno() if lock is not None else None
+        proc = spawn_detached(
+            supervisor_command(run_dir, fd), env, run_dir / "supervisor.log", cwd=run_dir, pass_fds=(fd,) if fd else ()
+        )
+    finally:
+        if lock is not None:
+            lock.close()
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
             st = read_state(run_dir)
         except StateError:
             st = {}
-        if st.get("pid") == proc.pid or proc.poll() is not None:
+        if st.get("pid") == proc.pid:
             break
+        if proc.poll() is not None:
+            if proc.returncode == 0:
+                break  # already done (a finished run)
+            tail = (run_dir / "supervisor.log").read_text(errors="replace").strip().splitlines()[-1:]
+            why = tail[0] if tail else f"exit {proc.returncode}"
+            if proc.returncode == int(BusyError.exit_code):
+                raise BusyError(why.removeprefix("ftlaunch supervisor: "))
+            raise StateError(f"the supervisor of run {run_dir.name} did not start: {why}")
         time.sleep(0.05)
     return proc.pid
 
@@ -309,7 +487,9 @@ def _cost(run_dir: Path, state: dict, status: RunStatus, step, total, rate, now)
 
     gpus = int(state.get("gpu_count") or 0)
     live = status in (RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.STARTING)
-    spans = est.attempt_spans(read_events(run_dir), now=(now or time.time()) if live else None)
+    # A lost run's last attempt ended at its last sign of life, not at 0 s (nor now).
+    end = (now or time.time()) if live else _last_sign_of_life(run_dir, state)
+    spans = est.attempt_spans(read_events(run_dir), now=end)
     busy = est.busy_seconds(spans)
     so_far = est.gpu_hours(busy, gpus)
     left = est.projected_hours(step, total, rate) if live else 0.0
@@ -326,6 +506,20 @@ def _cost(run_dir: Path, state: dict, status: RunStatus, step, total, rate, now)
     }
 
 
+def _last_sign_of_life(run_dir: Path, state: Mapping[str, Any]) -> float | None:
+    """When a run last wrote anything: its log, events, state, or the trainer's log."""
+    paths = [run_dir / n for n in ("train.log", "events.jsonl", "state.json")]
+    if state.get("output_dir"):
+        paths.append(Path(str(state["output_dir"])) / "trainer_log.jsonl")
+    times = []
+    for p in paths:
+        try:
+            times.append(p.stat().st_mtime)
+        except OSError:
+            continue
+    return max(times, default=None)
+
+
 def _process_tree(pid: int) -> set[int]:
     import psutil
 
@@ -337,33 +531,44 @@ def _process_tree(pid: int) -> set[int]:
 
 
 def stop_run(run_dir: Path, grace: float = 30.0) -> str:
-    """SIGTERM the supervisor (it stops the trainer's group and records it); clean up if it is gone."""
+    """SIGTERM the supervisor (it stops the trainer's group once and records it); clean up if it is gone.
+
+    Liveness decides, and a live supervisor is always the one told: a trainer signalled behind its
+    supervisor's back would count as a crash and be restarted."""
     state = read_state(run_dir)
     status = RunStatus(state.get("status", "lost"))
-    live = liveness(state.get("pid"), state.get("pid_start"))
-    trainer_live = liveness(state.get("trainer_pid"), state.get("trainer_start"))
-    if status.is_terminal():
-        # Its supervisor is done (a terminal status is its last write); only an orphan trainer could be left.
-        if trainer_live is Liveness.ALIVE:
-            terminate_group(state["trainer_pid"], grace=grace)
+    pid, started = state.get("pid"), state.get("pid_start")
+    live = liveness(pid, started)
+    if status.is_terminal() and (live is not Liveness.DEAD or state.get("trainer_pid") is None):
+        # A terminal status is the supervisor's last write: nothing of the run is left to stop
+        # (a foreground supervisor's process may live on; it is not ours to signal).
         return f"run {run_dir.name} already {status.value}"
+    if live is Liveness.UNKNOWN:
+        return f"run {run_dir.name}: cannot tell whether pid {pid} is ours; not touching it"
     if live is Liveness.ALIVE:
-        os.kill(state["pid"], signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace + 10
-        while time.monotonic() < deadline and liveness(state["pid"], state.get("pid_start")) is Liveness.ALIVE:
+        while liveness(pid, started) is Liveness.ALIVE:
+            if RunStatus(_state_or_empty(run_dir).get("status", "lost")).is_terminal():
+                return f"run {run_dir.name} stopped"
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                break
             time.sleep(0.1)
-        if liveness(state["pid"], state.get("pid_start")) is Liveness.ALIVE:
-            os.kill(state["pid"], signal.SIGKILL)
-    elif live is Liveness.UNKNOWN:
-        return f"run {run_dir.name}: cannot tell whether pid {state.get('pid')} is ours; not touching it"
     # The supervisor is gone; its trainer may be an orphan still holding the GPU.
-    if trainer_live is Liveness.ALIVE:
+    if liveness(state.get("trainer_pid"), state.get("trainer_start")) is Liveness.ALIVE:
         terminate_group(state["trainer_pid"], grace=grace)
-    st = read_state(run_dir)
-    if not RunStatus(st.get("status", "lost")).is_terminal():
+    if not RunStatus(_state_or_empty(run_dir).get("status", "lost")).is_terminal():
         update_state(run_dir, status=RunStatus.STOPPED.value, ended=time.time(), message="stopped by the user")
         append_event(run_dir, "stopped", message="supervisor was gone; trainer stopped directly")
     return f"run {run_dir.name} stopped"
+
+
+def _state_or_empty(run_dir: Path) -> dict[str, Any]:
+    try:
+        return read_state(run_dir)
+    except StateError:
+        return {}
 
 
 def resolve_run(env: Mapping[str, str], ref: str | None) -> Path:
@@ -371,15 +576,65 @@ def resolve_run(env: Mapping[str, str], ref: str | None) -> Path:
 
 
 def resume_run(
-    run_dir: Path, env: Mapping[str, str], *, foreground: bool = False, overrides: tuple[str, ...] = ()
+    run_dir: Path,
+    env: Mapping[str, str],
+    *,
+    foreground: bool = False,
+    overrides: tuple[str, ...] = (),
+    allow_global_batch_change: bool = False,
 ) -> tuple[str, int]:
     """Re-attach if alive; restart from the last complete checkpoint if the run died.
 
-    ``overrides`` (key=value) edit the run's adapted config first; refused while the run is alive."""
+    ``overrides`` (key=value) edit the run's adapted config first; refused while the run is alive.
+    The restart happens under the output_dir lock, taken before any state changes and handed to
+    the new supervisor: of two concurrent resumes one restarts the run, the other exits 7 (or
+    re-attaches) and touches nothing."""
+    from .supervisor import OutputDirBusy, Supervisor, acquire_output_lock
+
     try:
         state = read_state(run_dir)
     except StateError:
         state = rebuild_state(run_dir)
+    verdict = _resume_verdict(run_dir, state, overrides)
+    if verdict is not None:
+        return verdict
+    output_dir = str(state.get("output_dir") or "")
+    try:
+        lock = acquire_output_lock(env, output_dir, run_dir.name)
+    except OutputDirBusy as exc:
+        if exc.holder == run_dir.name:
+            raise BusyError(
+                f"run {run_dir.name} is being started by another process right now",
+                hint=f"`ftlaunch status {run_dir.name}` shows it in a moment",
+            ) from None
+        raise
+    try:
+        state = read_state(run_dir)  # again, under the lock: another resume may have come first
+        verdict = _resume_verdict(run_dir, state, overrides)
+        if verdict is not None:
+            return verdict
+        status = RunStatus(state.get("status", "lost"))
+        if liveness(state.get("trainer_pid"), state.get("trainer_start")) is not Liveness.DEAD:
+            terminate_group(state["trainer_pid"], grace=30)  # an orphan from a killed supervisor
+        if overrides:
+            edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
+        out = Path(state.get("output_dir") or "")
+        last = prog.last_complete_checkpoint(out)
+        # A run that gave up gets a fresh budget: the user changed something, or wants another go.
+        b = dict(state.get("budget") or {})
+        b.update({"oom_used": 0, "crash_used": 0, "tried": []})
+        update_state(run_dir, status=RunStatus.STARTING.value, budget=b, pid=None, trainer_pid=None)
+        append_event(run_dir, "resumed", previous=status.value, from_checkpoint=last[1].name if last else None)
+    except BaseException:
+        lock.close()
+        raise
+    if foreground:
+        return "foreground", Supervisor(run_dir, env, echo=True, lock=lock).run()
+    return "restarted", start_detached(run_dir, env, lock=lock)
+
+
+def _resume_verdict(run_dir: Path, state: dict[str, Any], overrides: tuple[str, ...]) -> tuple[str, int] | None:
+    """("alive", pid) or ("finished", 0) when there is nothing to restart; None to restart."""
     status = RunStatus(state.get("status", "lost"))
     live = liveness(state.get("pid"), state.get("pid_start"))
     # A terminal status is written by the supervisor as its last act: its pid no longer matters
@@ -393,47 +648,81 @@ def resume_run(
         return "alive", int(state.get("pid") or 0)
     if status is RunStatus.SUCCEEDED:
         return "finished", 0
-    trainer_live = liveness(state.get("trainer_pid"), state.get("trainer_start"))
-    if trainer_live is not Liveness.DEAD:
-        terminate_group(state["trainer_pid"], grace=30)  # an orphan from a killed supervisor
-    if overrides:
-        edit_run_config(run_dir, overrides)
-    out = Path(state.get("output_dir") or "")
-    last = prog.last_complete_checkpoint(out)
-    # A run that gave up gets a fresh budget: the user changed something, or wants another go.
-    b = dict(state.get("budget") or {})
-    b.update({"oom_used": 0, "crash_used": 0})
-    update_state(run_dir, status=RunStatus.STARTING.value, budget=b, pid=None, trainer_pid=None)
-    append_event(run_dir, "resumed", previous=status.value, from_checkpoint=last[1].name if last else None)
-    if foreground:
-        from .supervisor import Supervisor
-
-        return "foreground", Supervisor(run_dir, env, echo=True).run()
-    return "restarted", start_detached(run_dir, env)
+    return None
 
 
-def edit_run_config(run_dir: Path, overrides: tuple[str, ...]) -> dict[str, Any]:
-    """Apply key=value overrides to a run's adapted config (validated; written atomically)."""
+def global_batch_change(
+    config: Mapping[str, Any], values: Mapping[str, Any], world_size: int
+) -> tuple[int, int] | None:
+    """Pure: (before, after) when ``values`` change micro-batch x accumulation x world size."""
+
+    def g(c: Mapping[str, Any]) -> int:
+        return (
+            int(c.get("per_device_train_batch_size") or 1) * int(c.get("gradient_accumulation_steps") or 1) * world_size
+        )
+
+    before, after = g(config), g({**config, **values})
+    return (before, after) if before != after else None
+
+
+def preview_run_edit(run_dir: Path, overrides: tuple[str, ...]) -> list[tuple[str, Any, Any, str]]:
+    """What `resume RUN key=value` would change: (key, before, after, note) rows, the global batch
+    included when it moves. Validates like any config (ConfigError, exit 3)."""
     import yaml
 
-    from .config import parse_overrides, read_header, validate_keys
-    from .runstore import write_text_atomic
+    from .config import is_secret_key, parse_overrides, validate_keys, validate_values
 
     values, problems = parse_overrides(overrides)
-    problems += validate_keys(values)
+    problems += validate_keys(values) + validate_values(values)
     if problems:
         raise ConfigError(problems)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    rows = [
+        (k, "***" if is_secret_key(k) else config.get(k), "***" if is_secret_key(k) else v, "")
+        for k, v in values.items()
+    ]
+    world = int(_state_or_empty(run_dir).get("world_size") or 1)
+    if moved := global_batch_change(config, values, world):
+        rows.append(("global batch", moved[0], moved[1], "micro-batch x accumulation x world size"))
+    return rows
+
+
+def edit_run_config(
+    run_dir: Path, overrides: tuple[str, ...], *, allow_global_batch_change: bool = False
+) -> dict[str, Any]:
+    """Apply key=value overrides to a run's adapted config (validated; written atomically).
+
+    A change of the global batch is refused (exit 3) unless allowed: it changes what is trained."""
+    import yaml
+
+    from .config import parse_overrides, read_header
+    from .runstore import read_secrets, write_text_atomic
+
+    rows = preview_run_edit(run_dir, overrides)
+    moved = [r for r in rows if r[0] == "global batch"]
+    if moved and not allow_global_batch_change:
+        _, before, after, _ = moved[0]
+        raise ConfigError(
+            f"these overrides change the global batch from {before} to {after}",
+            hint="pass --allow-global-batch-change to accept that, or keep micro-batch x accumulation at "
+            f"{before} (e.g. set gradient_accumulation_steps too)",
+        )
+    values = parse_overrides(overrides)[0]
+    public, secrets = split_secrets(values)
+    write_secrets(run_dir, {**read_secrets(run_dir), **secrets})
     text = (run_dir / "config.yaml").read_text()
     config = yaml.safe_load(text) or {}
-    before = {k: config.get(k) for k in values}
-    config.update(values)
+    before = {k: config.get(k) for k in public}
+    config.update(public)
     write_text_atomic(run_dir / "config.yaml", dump_yaml(config, read_header(text)))
-    append_event(run_dir, "config_edited", before=before, after=values)
+    append_event(run_dir, "config_edited", before=before, after=public, secrets=sorted(secrets))
     fields: dict[str, Any] = {}
     if "per_device_train_batch_size" in values:
         fields["micro_batch"] = values["per_device_train_batch_size"]
     if "gradient_accumulation_steps" in values:
         fields["accumulation"] = values["gradient_accumulation_steps"]
+    if moved:
+        fields["global_batch"] = moved[0][2]
     if fields:
         update_state(run_dir, **fields)
     return config

@@ -31,12 +31,13 @@ from .launch import find_trainer, redact, trainer_command, trainer_env
 from .locks import try_flock
 from .memory_store import remember
 from .procs import start_time
-from .recovery import ZERO3_OFFLOAD, Budget, classify, decide
+from .recovery import ZERO3_OFFLOAD, Budget, Exit, classify, decide
 from .runstore import (
     FailureKind,
     RunStatus,
     append_event,
     home,
+    read_secrets,
     read_state,
     update_state,
     write_text_atomic,
@@ -53,20 +54,52 @@ def lock_path(env: Mapping[str, str], output_dir: str) -> Path:
     return home(env) / "locks" / f"{digest}.lock"
 
 
+class OutputDirBusy(BusyError):
+    """The output_dir lock is held; ``holder`` is what its holder wrote (a run id)."""
+
+    def __init__(self, output_dir: str, holder: str):
+        self.holder = holder
+        who = holder or "another run"
+        super().__init__(
+            f"output_dir {output_dir} is in use by run {who}",
+            hint=f"wait for it, stop it (`ftlaunch stop {who}`), or set another output_dir",
+        )
+
+
 def acquire_output_lock(env: Mapping[str, str], output_dir: str, run_id: str) -> IO[str]:
     """Hold an flock for the run's life: the kernel drops it when the holder dies, so no stale lock."""
     got = try_flock(lock_path(env, output_dir), run_id)
     if isinstance(got, str):
-        holder = got or "another run"
-        raise BusyError(
-            f"output_dir {output_dir} is in use by run {holder}",
-            hint=f"wait for it, stop it (`ftlaunch stop {holder}`), or set another output_dir",
-        )
+        raise OutputDirBusy(output_dir, got)
     return got
 
 
 def check_output_free(env: Mapping[str, str], output_dir: str) -> None:
     acquire_output_lock(env, output_dir, "check").close()
+
+
+def relabel_lock(lock: IO[str], owner: str) -> None:
+    """Write the holder's name into a lock we hold (a new run's id is known only once it exists)."""
+    lock.seek(0)
+    lock.truncate()
+    lock.write(owner)
+    lock.flush()
+
+
+def adopt_lock(fd: int) -> IO[str]:
+    """The output_dir lock handed down by the process that started us (``--lock-fd``).
+
+    flock belongs to the open file, which parent and child now share: re-locking it succeeds only
+    if it is really held by that file, so a stray fd number fails here rather than racing later."""
+    import fcntl
+
+    f = os.fdopen(fd, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise BusyError("the output_dir lock handed to the supervisor is not held") from None
+    return f
 
 
 def offload_config_path() -> str:
@@ -87,6 +120,8 @@ class Supervisor:
         stop_grace: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         spawn: Callable[..., subprocess.Popen] = subprocess.Popen,
+        lock: IO[str] | None = None,
+        read_kernel_log: Callable[[], str] | None = None,
     ):
         self.run_dir = run_dir
         self.env = dict(env)
@@ -97,6 +132,10 @@ class Supervisor:
         self.spawn = spawn
         self.stop_signal: int | None = None
         self.trainer: subprocess.Popen | None = None
+        # The output_dir lock, when the process that started this run took it (train/resume): the
+        # run is then never without it, so no second start can slip in between (races, issue 13).
+        self.lock = lock
+        self.read_kernel_log = read_kernel_log or kernel_log
 
     # signal handlers record only
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -116,18 +155,30 @@ class Supervisor:
         write_text_atomic(self.run_dir / "config.yaml", dump_yaml(values, header))
 
     def run(self) -> int:
+        previous = self._install_signals()  # from the start: a stop that comes early is not lost
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
         state = read_state(self.run_dir)
         if RunStatus(state["status"]) is RunStatus.SUCCEEDED:
+            if self.lock is not None:
+                self.lock.close()
             return 0
         values, header = self._config()
         output_dir = str(values.get("output_dir", ""))
         try:
-            lock = acquire_output_lock(self.env, output_dir, self.run_dir.name)
-        except BusyError as exc:
-            update_state(self.run_dir, status=RunStatus.FAILED.value, failure_kind="busy", message=str(exc))
-            append_event(self.run_dir, "failed", kind="busy", message=str(exc))
+            lock = self.lock if self.lock is not None else acquire_output_lock(self.env, output_dir, self.run_dir.name)
+        except OutputDirBusy as exc:
+            # Held under this run's own id: another supervisor of this very run is live; its state is
+            # not ours to touch. Held by another run: this one never started.
+            if exc.holder != self.run_dir.name:
+                update_state(self.run_dir, status=RunStatus.FAILED.value, failure_kind="busy", message=str(exc))
+                append_event(self.run_dir, "failed", kind="busy", message=str(exc))
             raise
-        previous = self._install_signals()
         update_state(
             self.run_dir,
             status=RunStatus.STARTING.value,
@@ -140,29 +191,29 @@ class Supervisor:
             return self._loop(values, header, output_dir)
         finally:
             lock.close()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _loop(self, values: dict[str, Any], header: dict[str, Any], output_dir: str) -> int:
         state = read_state(self.run_dir)
         b = state.get("budget") or {}
-        budget = Budget(
-            oom_max=int(b.get("oom_max", 4)),
-            crash_max=int(b.get("crash_max", 2)),
-            oom_used=int(b.get("oom_used", 0)),
-            crash_used=int(b.get("crash_used", 0)),
-        )
+        budget = Budget.from_dict(b)
         recover = bool(state.get("recover", True))
         attempt = int(state.get("attempt", 0))
         extra_env = dict(state.get("trainer_env") or {})
         weights_only = bool(values.get("save_only_model"))
         while True:
+            if self.stop_signal is not None:  # stopped before (or between) attempts: start nothing
+                stopped = Exit(FailureKind.STOPPED, "stopped by the user")
+                return self._finish(
+                    "stop", stopped, 0, "stopped by the user; resume with `ftlaunch resume`", values, budget
+                )
             attempt += 1
             out = Path(output_dir)
             moved = self._set_aside_incomplete(out, weights_only)
             last = prog.last_complete_checkpoint(out, weights_only)
             resume_from = last[1].name if last else None
             status = RunStatus.RUNNING if attempt == 1 else RunStatus.RECOVERING
+            # A later attempt is "recovering" until the trainer passes the furthest step seen before.
+            recover_until = int((read_state(self.run_dir).get("progress") or {}).get("step") or 0)
             update_state(
                 self.run_dir,
                 status=status.value,
@@ -181,10 +232,12 @@ class Supervisor:
                 accumulation=values.get("gradient_accumulation_steps"),
                 set_aside=moved,
             )
-            rc, log_text, ckpt_before, ckpt_after, step = self._attempt(out, attempt, extra_env, weights_only)
+            rc, log_text, ckpt_before, ckpt_after, step = self._attempt(
+                out, attempt, extra_env, weights_only, recover_until if status is RunStatus.RECOVERING else None
+            )
             ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
             if ex.kind is FailureKind.HOST_OOM:
-                ex = with_kernel_evidence(ex, read_state(self.run_dir).get("trainer_pid"))
+                ex = with_kernel_evidence(ex, read_state(self.run_dir).get("trainer_pid"), self.read_kernel_log)
             append_event(
                 self.run_dir,
                 "exited",
@@ -273,7 +326,7 @@ class Supervisor:
         return moved
 
     def _attempt(
-        self, out: Path, attempt: int, extra_env: dict[str, str], weights_only: bool
+        self, out: Path, attempt: int, extra_env: dict[str, str], weights_only: bool, recover_until: int | None = None
     ) -> tuple[int, str, int, int, int | None]:
         log_path = self.run_dir / "train.log"
         with open(log_path, "a") as f:
@@ -283,8 +336,9 @@ class Supervisor:
         tlog_offset = tlog.stat().st_size if tlog.exists() else 0
         ckpt_before = (prog.last_complete_checkpoint(out, weights_only) or (0, None))[0]
         env = trainer_env(self.env, {}, extra_env)
+        config_path = self._trainer_config()
         try:
-            cmd = trainer_command(find_trainer(self.env), self.run_dir / "config.yaml")
+            cmd = trainer_command(find_trainer(self.env), config_path)
             state = read_state(self.run_dir)
             cwd = state.get("base_dir") if Path(state.get("base_dir") or "/nonexistent").is_dir() else None
             self.trainer = self.spawn(
@@ -297,6 +351,7 @@ class Supervisor:
                 process_group=0,
             )
         except (FtlaunchError, OSError) as exc:
+            self._drop_trainer_config(config_path)
             self._say(f"ftlaunch: cannot start the trainer: {exc}")
             return 127, f"FileNotFoundError: cannot start the trainer: {exc}", ckpt_before, ckpt_before, None
         trainer = self.trainer
@@ -320,11 +375,11 @@ class Supervisor:
                     _killpg(trainer.pid, signal.SIGKILL)
             # progress from the trainer's own log, this attempt's lines only
             if tlog.exists():
-                with open(tlog) as f:
-                    f.seek(tlog_offset)
-                    chunk = f.read()
-                complete = chunk[: chunk.rfind("\n") + 1]
-                tlog_offset += len(complete.encode())
+                with open(tlog, "rb") as fb:  # bytes: a torn multibyte write must not raise
+                    fb.seek(tlog_offset)
+                    chunk = fb.read()
+                complete = chunk[: chunk.rfind(b"\n") + 1]
+                tlog_offset += len(complete)
                 new = prog.parse_trainer_log(complete)
                 if new:
                     records.extend(new)
@@ -336,12 +391,19 @@ class Supervisor:
                     rate = None
                     if first and last_step > first[0] and now > first[1]:
                         rate = (last_step - first[0]) / (now - first[1])
-                    if self.clock() >= next_update or rc is not None:
+                    caught_up = recover_until is not None and last_step > recover_until
+                    if self.clock() >= next_update or rc is not None or caught_up:
+                        more: dict[str, Any] = {}
+                        if caught_up:
+                            more["status"] = RunStatus.RUNNING.value
+                            append_event(self.run_dir, "recovered", attempt=attempt, step=last_step)
+                            recover_until = None
                         update_state(
                             self.run_dir,
                             progress=p.to_dict(),
                             steps_per_second=rate,
                             progress_at=now,
+                            **more,
                         )
                         next_update = self.clock() + 1.0
             latest = prog.checkpoint_dirs(out)
@@ -356,21 +418,44 @@ class Supervisor:
             update_state(self.run_dir, progress=prog.latest_progress(records).to_dict())
         pump.join(timeout=10)
         _killpg(trainer.pid, signal.SIGKILL)  # leave no stray workers of the trainer's group
+        self._drop_trainer_config(config_path)
         with open(log_path, errors="replace") as f:
             f.seek(log_offset)
             log_text = f.read()
         self.trainer = None
         return rc, log_text, ckpt_before, last_ckpt, last_step
 
+    def _secrets(self) -> dict[str, Any]:
+        """Secret config keys (hub_token, ...): kept out of config.yaml, in a 0600 file of the run."""
+        return read_secrets(self.run_dir)
+
+    def _trainer_config(self) -> Path:
+        """The config the trainer reads: config.yaml, or with secrets a 0600 copy that includes them,
+        removed when the attempt ends."""
+        secrets = self._secrets()
+        if not secrets:
+            return self.run_dir / "config.yaml"
+        values, header = self._config()
+        path = self.run_dir / ".trainer-config.yaml"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(dump_yaml({**values, **secrets}, header))
+        return path
+
+    def _drop_trainer_config(self, path: Path) -> None:
+        if path.name == ".trainer-config.yaml":
+            path.unlink(missing_ok=True)
+
     def _pump(self, stream: IO[bytes] | None, log_path: Path) -> None:
         if stream is None:
             return
-        secrets_env = self.env
+        secret_values = [str(v) for v in self._secrets().values()]
         with open(log_path, "ab") as log:
             for raw in iter(stream.readline, b""):
                 line = raw
                 text = raw.decode(errors="replace")
-                clean = redact(text, secrets_env)
+                clean = redact(text, self.env, secret_values)
                 if clean != text:
                     line = clean.encode()
                 log.write(line)
@@ -393,15 +478,27 @@ def kernel_log() -> str:
 
 
 def with_kernel_evidence(ex: Any, pid: int | None, read: Callable[[], str] = kernel_log) -> Any:
-    """Confirm a host OOM from the kernel log ("Out of memory: Killed process PID") when readable."""
+    """Say only what the kernel log shows about a SIGKILL with no traceback (issue 11).
+
+    Shows an OOM kill of the trainer: a host OOM. Readable but shows none: not the OOM killer, a
+    crash retried as such. Unreadable: the cause is unknown, and the message says so."""
     from dataclasses import replace
 
     text = read()
     if not text or not pid:
-        return replace(ex, message=ex.message + " (kernel log not readable to confirm)")
+        return replace(
+            ex,
+            message=ex.message + ": cause unknown (the kernel log is not readable here to tell whether the "
+            "host's OOM killer did it; `sudo dmesg` / `journalctl -k` would show it)",
+        )
     if re.search(rf"Killed process {pid}\b", text):
         return replace(ex, message=f"the kernel's OOM killer killed the trainer (pid {pid}): host RAM ran out")
-    return replace(ex, message=ex.message + " (the kernel log shows no OOM kill of the trainer)")
+    return replace(
+        ex,
+        kind=FailureKind.CRASH,
+        message=ex.message + f": not the host's OOM killer (the kernel log shows no OOM kill of pid {pid}); "
+        "another process or a person sent SIGKILL",
+    )
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -413,14 +510,18 @@ def _killpg(pgid: int, sig: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    lock_fd = None
+    if len(args) == 3 and args[1] == "--lock-fd" and args[2].isdigit():
+        lock_fd, args = int(args[2]), args[:1]
     if len(args) != 1:
-        print("usage: python -m ftlaunch.supervisor RUN_DIR", file=sys.stderr)
+        print("usage: python -m ftlaunch.supervisor RUN_DIR [--lock-fd N]", file=sys.stderr)
         return 2
     run_dir = Path(args[0])
     # Detached: SIGHUP must not kill us even before handlers are installed.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        return Supervisor(run_dir, os.environ).run()
+        lock = adopt_lock(lock_fd) if lock_fd is not None else None
+        return Supervisor(run_dir, os.environ, lock=lock).run()
     except FtlaunchError as exc:
         print(f"ftlaunch supervisor: {exc}", file=sys.stderr)
         return int(exc.exit_code)

@@ -9,6 +9,11 @@ FAKE_TRAINER_SCRIPT is a JSON list, one entry per attempt (the last repeats), ea
   {"half_checkpoint": 6}            write checkpoint-6 with only a truncated model.safetensors, then die
   {"ok": true, "steps": 4}          write trainer_log.jsonl and a checkpoint, exit 0
   {"print_env": "HF_TOKEN"}         print that variable's value (secrets must be redacted in the log)
+  {"print_key": "hub_token"}        print that config key's value (a secret given in the config)
+  {"sleep": 30}                     stay alive that long first (a live run to race against), then go on
+  {"oom_above": 2, "from_step": 12, "steps": 20, "save_steps": 4}
+                                    train: a checkpoint every save_steps; from from_step on, a micro-batch
+                                    above oom_above runs out of memory (torch's message, with its numbers)
 It counts attempts in FAKE_TRAINER_COUNTER and records each config it was given.
 """
 
@@ -16,13 +21,16 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import yaml
 
 
 def main() -> int:
-    assert sys.argv[1] == "train"
+    if sys.argv[1] != "train":  # the passthrough commands (api, chat, export, version...)
+        print(f"fake llamafactory-cli {' '.join(sys.argv[1:])}", flush=True)
+        return 0
     cfg = yaml.safe_load(Path(sys.argv[2]).read_text())
     counter = Path(os.environ["FAKE_TRAINER_COUNTER"])
     n = int(counter.read_text()) if counter.exists() else 0
@@ -36,6 +44,12 @@ def main() -> int:
     print(f"fake trainer attempt {n + 1}: {step}", flush=True)
     if "print_env" in step:
         print(f"printed {os.environ.get(step['print_env'])}", flush=True)
+    if "print_key" in step:
+        print(f"printed {cfg.get(step['print_key'])}", flush=True)
+    if "sleep" in step:
+        time.sleep(step["sleep"])
+    if "oom_above" in step:
+        return train_until_oom(cfg, out, step)
     if "signal" in step:
         os.kill(os.getpid(), step["signal"])
     if step.get("oom"):
@@ -71,6 +85,47 @@ def main() -> int:
                 f.write(json.dumps({"current_steps": i, "total_steps": steps, "loss": 1.0 / i}) + "\n")
         return 0
     return 3
+
+
+def train_until_oom(cfg: dict, out: Path, step: dict) -> int:
+    """Resume from the last checkpoint-N like the real trainer, save every save_steps, OOM when the
+    micro-batch is above oom_above from from_step on."""
+    done = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
+    start, total, save = max(done, default=0), step.get("steps", 20), step.get("save_steps", 4)
+    micro = int(cfg.get("per_device_train_batch_size", 1))
+    for i in range(start + 1, total + 1):
+        if micro > step["oom_above"] and i >= step.get("from_step", 0):
+            print(
+                'Traceback (most recent call last):\n  File "trainer.py", in training_step\n'
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.79 GiB. GPU 0 has a total "
+                "capacity of 79.15 GiB of which 1.43 GiB is free.",
+                flush=True,
+            )
+            return 1
+        with open(out / "trainer_log.jsonl", "a") as f:
+            f.write(json.dumps({"current_steps": i, "total_steps": total, "loss": 1.0 / i}) + "\n")
+        if i % save == 0:
+            write_checkpoint(out, i)
+    return 0
+
+
+def write_checkpoint(out: Path, step: int) -> Path:
+    """A complete checkpoint-N as ftlaunch checks it: state, optimizer, a valid safetensors file."""
+    ck = out / f"checkpoint-{step}"
+    ck.mkdir(parents=True, exist_ok=True)
+    (ck / "trainer_state.json").write_text("{}")
+    (ck / "optimizer.pt").write_bytes(b"x")
+    header = b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    (ck / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0\0\0")
+    return ck
+
+
+def install(folder: Path) -> Path:
+    """An executable llamafactory-cli stand-in in ``folder`` that runs this script."""
+    wrapper = folder / "fake-llamafactory-cli"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 if __name__ == "__main__":

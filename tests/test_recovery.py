@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from ftlaunch.recovery import Budget, classify, decide, oom_step
 from ftlaunch.runstore import FailureKind, read_state
 from ftlaunch.supervisor import Supervisor
 
-from .conftest import ROOT
+from .fake_trainer import install
 
 OOM = "Traceback\n  File x, in training_step\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.79 GiB"
 
@@ -78,9 +77,16 @@ def test_budget_is_bounded_and_refills_on_progress():
     assert d1.action == "retry" and d1.message.startswith("[1/2] OOM at step 10 (micro-batch 64)")
     d2 = decide(ex, {**cfg, **d1.edits}, d1.budget)
     assert d2.action == "retry" and d2.message.startswith("[2/2]")
-    assert decide(ex, {**cfg, **d2.edits}, d2.budget).action == "fail"
-    refilled = decide(ex, {**cfg, **d2.edits}, d2.budget, progressed=True)
-    assert refilled.action == "retry" and refilled.message.startswith("[1/2]")
+    assert d2.edits["per_device_train_batch_size"] == 1  # the budget's last try is the bottom rung
+    # micro-batch 16 worked for a while (a checkpoint landed), then ran out: the budget refills.
+    at16 = {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4}
+    assert decide(ex, at16, d2.budget).action == "retry"
+    refilled = decide(ex, at16, d2.budget, progressed=True)
+    assert (
+        refilled.action == "retry"
+        and refilled.message.startswith("[1/2]")
+        and refilled.budget.tried == ("mb16/evalNone/gcon/ds-",)
+    )
 
 
 def test_config_errors_never_retry_and_crashes_are_bounded():
@@ -124,10 +130,7 @@ def make_run(tmp_path: Path, script: list[dict], config: dict | None = None) -> 
         "FAKE_TRAINER_SCRIPT": json.dumps(script),
         "FAKE_TRAINER_COUNTER": str(tmp_path / "counter"),
     }
-    wrapper = tmp_path / "fake-llamafactory-cli"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "tests" / "fake_trainer.py"} "$@"\n')
-    wrapper.chmod(0o755)
-    env["FTLAUNCH_LLAMAFACTORY_CLI"] = str(wrapper)
+    env["FTLAUNCH_LLAMAFACTORY_CLI"] = str(install(tmp_path))
     loaded, p = make_plan(PlanRequest(config=str(src), gpu="A10G"), env)
     assert catalog_hardware("A10G").gpu_count == 1
     run_dir = create_run(loaded, p, env, max_retries=3, max_crash_retries=1)
@@ -163,11 +166,17 @@ def test_rank_prefixed_oom_then_success_keeps_global_batch(tmp_path):
 
 def test_exit_137_is_a_host_oom_with_bounded_retries(tmp_path):
     run_dir, env = make_run(tmp_path, [{"signal": 9}])
-    assert Supervisor(run_dir, env, poll=0.05).run() == 1
+    trainer_pids = []
+
+    def kernel_log() -> str:  # the kernel's record of killing this attempt's trainer
+        trainer_pids.append(read_state(run_dir)["trainer_pid"])
+        return f"[1.0] Out of memory: Killed process {trainer_pids[-1]} (python)"
+
+    assert Supervisor(run_dir, env, poll=0.05, read_kernel_log=kernel_log).run() == 1
     st = read_state(run_dir)
     assert st["failure_kind"] == "host_oom" and len(configs_seen(tmp_path)) == 2  # 1 + max_crash_retries
     events = (run_dir / "events.jsonl").read_text()
-    assert "[1/1] host OOM" in events
+    assert "[1/1] host OOM" in events and "OOM killer killed the trainer" in events
 
 
 def test_config_error_is_not_retried(tmp_path):
@@ -225,8 +234,10 @@ def test_host_oom_is_confirmed_from_the_kernel_log_when_readable():
     ex = classify(-9, "step 3")
     log = "[123.4] Out of memory: Killed process 4242 (python) total-vm:100kB"
     assert "OOM killer killed the trainer (pid 4242)" in with_kernel_evidence(ex, 4242, read=lambda: log).message
-    assert "no OOM kill" in with_kernel_evidence(ex, 7, read=lambda: log).message
-    assert "not readable" in with_kernel_evidence(ex, 7, read=lambda: "").message
+    not_oom = with_kernel_evidence(ex, 7, read=lambda: log)
+    assert "no OOM kill" in not_oom.message and not_oom.kind is FailureKind.CRASH
+    unknown = with_kernel_evidence(ex, 7, read=lambda: "")
+    assert "cause unknown" in unknown.message and "not readable" in unknown.message
 
 
 def test_secrets_printed_by_the_trainer_never_reach_the_log(tmp_path):
