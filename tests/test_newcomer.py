@@ -66,6 +66,7 @@ def test_schedule_add_takes_every_option_train_takes():
         return {o for p in cmd.params if isinstance(p, click.Option) for o in p.opts}
 
     train_only = {"--foreground", "--follow", "-f", "--json", "--fresh", "--resume-existing"}
+    train_only |= {"--slurm", "--nodes", "--partition", "--time", "--account", "--sbatch-arg"}  # a batch job
     missing = opts(main.commands["train"]) - train_only - opts(schedule_group.commands["add"])
     assert not missing, f"schedule add lacks {sorted(missing)}"
     for o in ("--mirror", "--model-config", "--params", "--headroom", "--hardware", "--name", "--no-recover"):
@@ -187,3 +188,12 @@ def test_error_messages_are_not_read_as_markup(tmp_path):
     bad = tmp_path / "cfg[v2].yaml"
     r = CliRunner().invoke(main, ["plan", str(bad)])
     assert r.exit_code == 3 and "cfg[v2].yaml" in "".join(r.output.split()), r.output
+
+
+def test_train_json_keys_agree_between_help_and_readme():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    help_text = " ".join(CliRunner().invoke(main, ["train", "--help"], terminal_width=200).output.split())
+    for keys in ('{"id", "run_dir", "pid"}', '{"id", "run_dir", "exit_code"}', '{"id", "run_dir", "slurm_job_id"}'):
+        assert keys in help_text and keys in readme, keys
