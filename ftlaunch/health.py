@@ -276,6 +276,7 @@ class Decision:
     resume_from: str | None = None  # None: from the start
     set_aside: tuple[str, ...] = ()  # checkpoints at or after the first bad record
     edits: dict[str, Any] = field(default_factory=dict)
+    remedy: str = ""  # the rung applied, in words
 
 
 def decide(
@@ -321,4 +322,17 @@ def decide(
         )
     r = remedy(n, config, fp32_fits=fp32_fits)
     msg = f"[{n}/{max_rollbacks}] {where}: rolling back {origin} with {r.what}, global batch unchanged"
-    return Decision("rollback", msg, good.name if good else None, aside_names, r.edits)
+    return Decision("rollback", msg, good.name if good else None, aside_names, r.edits, r.what)
+
+
+def fp32_fits(memory: Mapping[str, Any] | None) -> bool:
+    """Whether an fp16 run's plan leaves room for fp32 (``plan.json`` ``memory``); unknown: no.
+
+    HF mixed precision keeps fp32 master weights, gradients and optimizer state already; fp32 doubles
+    what autocast held in half precision: activations and logits.
+    """
+    if not memory or not memory.get("fits"):
+        return False
+    peak, usable = as_number(memory.get("peak_gib")), as_number(memory.get("usable_gib"))
+    extra = sum(as_number(memory.get(k)) or 0.0 for k in ("activations_gib", "logits_gib"))
+    return peak is not None and usable is not None and peak + extra <= usable

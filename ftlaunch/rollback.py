@@ -20,10 +20,26 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from .health import Checkpoint, Thresholds, history_is_clean
+from .health import (
+    Checkpoint,
+    Decision,
+    Health,
+    OnDiverge,
+    Thresholds,
+    Verdict,
+    decide,
+    fp32_fits,
+    history_is_clean,
+    judge,
+    thresholds_from,
+)
+from .progress import checkpoint_dirs, checkpoint_problems
+from .runstore import append_event, read_events, read_state, update_state
 
 # llamafactory refuses to start from scratch in an output_dir holding one of these (CHECKPOINT_NAMES).
 FINAL_WEIGHTS = (
@@ -36,8 +52,19 @@ FINAL_WEIGHTS = (
 )
 
 _SCALE_LR = r"""
-import sys, torch
-path, factor = sys.argv[1], float(sys.argv[2])
+import os, sys, torch
+path, target = sys.argv[1], float(sys.argv[2])
+# The stored peak lr: the scheduler's base_lrs, else the optimizer's initial_lr; groups keep their ratios.
+ref = None
+GETS = (("scheduler.pt", lambda s: s["base_lrs"][0]), ("optimizer.pt", lambda s: s["param_groups"][0]["initial_lr"]))
+for name, get in GETS:
+    try:
+        ref = ref or get(torch.load(f"{path}/{name}", weights_only=False, map_location="cpu"))
+    except (FileNotFoundError, KeyError, IndexError, TypeError):
+        pass
+if not ref:
+    sys.exit("no learning rate found in scheduler.pt or optimizer.pt")
+factor = target / ref
 for name in ("scheduler.pt", "optimizer.pt"):
     f = f"{path}/{name}"
     try:
@@ -54,7 +81,6 @@ for name in ("scheduler.pt", "optimizer.pt"):
                 if key in g:
                     g[key] = g[key] * factor
     torch.save(state, f + ".tmp")
-    import os
     os.replace(f + ".tmp", f)  # replaces the link, never the original checkpoint's file
 print("scaled")
 """
@@ -84,7 +110,7 @@ def set_aside(output_dir: Path, names: Iterable[str], stamp: int, prefix: str = 
     for name in names:
         src = output_dir / name
         if src.is_dir():
-            target = output_dir / f"{prefix}-{name}-{stamp}"
+            target = free_name(output_dir, f"{prefix}-{name}-{stamp}")
             src.rename(target)
             moved.append(f"{name} -> {target.name}")
     return moved
@@ -96,8 +122,8 @@ def set_aside_final(output_dir: Path, stamp: int) -> list[str]:
     found += sorted(output_dir.glob("model-*-of-*.safetensors"))
     if not found:
         return []
-    box = output_dir / f"diverged-final-{stamp}"
-    box.mkdir(exist_ok=True)
+    box = free_name(output_dir, f"diverged-final-{stamp}")
+    box.mkdir()
     for f in found:
         f.rename(box / f.name)
     return [f"{f.name} -> {box.name}/" for f in found]
@@ -110,33 +136,41 @@ def python_of(trainer: str | None) -> str:
             with open(trainer, "rb") as f:
                 first = f.readline(300).decode(errors="replace")
             if first.startswith("#!") and "python" in first:
-                exe = first[2:].strip().split()[0]
-                if os.access(exe, os.X_OK):
+                words = first[2:].split()
+                exe = shutil.which(words[1]) if Path(words[0]).name == "env" and len(words) > 1 else words[0]
+                if exe and os.access(exe, os.X_OK):
                     return exe
         except OSError:
             pass
     return sys.executable
 
 
-def scale_lr(output_dir: Path, name: str, factor: float, python: str, stamp: int) -> str | None:
-    """Rebuild ``name`` with its stored lr x factor; keep the original aside. Returns an error or None."""
+def scale_lr(output_dir: Path, name: str, lr: float, python: str, stamp: int) -> str | None:
+    """Rebuild ``name`` with its stored peak lr set to ``lr``; keep the original aside. An error or None."""
     src = output_dir / name
     tmp = output_dir / f".{name}.rollback-{stamp}"
     shutil.rmtree(tmp, ignore_errors=True)  # our own scratch copy from an interrupted rollback
     try:
         shutil.copytree(src, tmp, copy_function=_link_or_copy)
-        r = subprocess.run(
-            [python, "-c", _SCALE_LR, str(tmp), repr(factor)], capture_output=True, text=True, timeout=600
-        )
+        r = subprocess.run([python, "-c", _SCALE_LR, str(tmp), repr(lr)], capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         return str(exc)
     if r.returncode != 0 or "scaled" not in r.stdout:
         shutil.rmtree(tmp, ignore_errors=True)
         return (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1][:300]
-    src.rename(output_dir / f"rolledback-{name}-{stamp}")
+    src.rename(free_name(output_dir, f"rolledback-{name}-{stamp}"))
     tmp.rename(src)
     return None
+
+
+def free_name(folder: Path, base: str) -> Path:
+    """``folder/base``, or ``base-2``, ``base-3``... when taken: a set-aside never overwrites another."""
+    path, n = folder / base, 1
+    while path.exists():
+        n += 1
+        path = folder / f"{base}-{n}"
+    return path
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -148,3 +182,114 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def now_stamp() -> int:
     return int(time.time())
+
+
+# ---------------------------------------------------------------- what the supervisor calls
+
+
+class HealthWatch:
+    """Judges each new trainer record once, and carries out a rollback when the run diverges.
+
+    The supervisor calls ``start`` before an attempt, ``feed`` with each batch of new records (True:
+    halt the trainer now) and ``after`` once the trainer has exited (None: not diverged, carry on).
+    """
+
+    def __init__(self, run_dir: Path, values: Mapping[str, Any], env: Mapping[str, str], say: Callable[[str], None]):
+        self.run_dir = run_dir
+        state = read_state(run_dir)
+        self.policy = OnDiverge(state.get("on_diverge") or OnDiverge.ROLLBACK.value)
+        self.thresholds = thresholds_from(env.get("FTLAUNCH_HEALTH"))
+        self.env = env
+        self.say = say
+        self.fp16 = bool(values.get("fp16"))
+        self.verdict = Verdict()
+        self.halt = False
+
+    def start(self) -> None:
+        self.verdict, self.halt = Verdict(), False
+        update_state(self.run_dir, health=self.verdict.to_dict())
+
+    def feed(self, records: Iterable[Mapping[str, Any]]) -> bool:
+        before = self.verdict.health
+        self.verdict = judge(records, self.thresholds, fp16=self.fp16, start=self.verdict)
+        v = self.verdict
+        if v.health is not before:
+            update_state(self.run_dir, health=v.to_dict())
+        if v.diverged and before is not Health.DIVERGED:
+            b = v.first_bad
+            append_event(
+                self.run_dir, "diverged", step=b.step, signal=b.signal.value, values=b.values, policy=self.policy.value
+            )
+            # `ftlaunch logs` shows the trainer's console: mark the first bad record there.
+            self.say(f"ftlaunch: >>> first bad record: {v.message()} (trainer_log.jsonl step {b.step}) <<<")
+            self.halt = self.policy is not OnDiverge.IGNORE
+            return self.halt
+        return False
+
+    def _trainer(self) -> str | None:
+        from .launch import find_trainer
+
+        try:
+            cmd = find_trainer(self.env)
+            return str(cmd[0]) if cmd else None
+        except Exception:  # noqa: BLE001 - any failure: fall back to our own Python
+            return None
+
+    def tried(self) -> list[str]:
+        """Remedies of the rollbacks since the run was created or last resumed by hand (a resume refills them)."""
+        done: list[str] = []
+        for ev in read_events(self.run_dir):
+            if ev.get("event") == "resumed":
+                done = []
+            elif ev.get("event") == "rolled_back":
+                done.append(str(ev.get("remedy")))
+        return done
+
+    def after(self, out: Path, values: dict[str, Any], weights_only: bool) -> Decision | None:
+        """After a diverged attempt: set checkpoints aside, prepare the rollback; None when healthy."""
+        if not self.verdict.diverged or self.policy is OnDiverge.IGNORE:
+            return None
+        plan = read_json(self.run_dir / "plan.json")
+        tried = self.tried()
+        complete = [(s, p) for s, p in checkpoint_dirs(out) if not checkpoint_problems(p, weights_only)]
+        d = decide(
+            self.verdict,
+            self.policy,
+            values,
+            checkpoints_of(complete, self.thresholds, fp16=self.fp16),
+            rollbacks_used=len(tried),
+            fp32_fits=fp32_fits(plan.get("memory")),
+            tried=tried,
+        )
+        stamp = now_stamp()
+        moved = set_aside(out, d.set_aside, stamp) + set_aside_final(out, stamp)
+        if moved:
+            append_event(self.run_dir, "checkpoint_set_aside", reason="diverged", moved=moved)
+        if d.action == "rollback" and "learning_rate" in d.edits and d.resume_from:
+            err = scale_lr(out, d.resume_from, d.edits["learning_rate"], python_of(self._trainer()), stamp)
+            if err:
+                d = replace(
+                    d,
+                    action="give_up",
+                    message=f"{d.message}; but the lr in {d.resume_from} could not be lowered ({err}): giving up",
+                )
+        if d.action == "rollback":
+            append_event(
+                self.run_dir,
+                "rolled_back",
+                resume_from=d.resume_from,
+                edits=d.edits,
+                message=d.message,
+                remedy=d.remedy,
+            )
+        update_state(self.run_dir, health=self.verdict.to_dict(), diverged=self.verdict.to_dict())
+        self.say(f"ftlaunch: {d.message}" + (f"; set aside: {', '.join(moved)}" if moved else ""))
+        return d
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

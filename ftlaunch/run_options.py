@@ -28,6 +28,7 @@ class RunOptions:
     max_retries: int = 4
     max_crash_retries: int = 2
     no_recover: bool = False
+    on_diverge: str = "rollback"  # numeric health: rollback | stop | ignore (ftlaunch.health)
 
     @classmethod
     def from_kwargs(cls, kw: dict[str, Any]) -> RunOptions:
@@ -80,4 +81,5 @@ class RunOptions:
             "recover": not self.no_recover,
             "max_retries": self.max_retries,
             "max_crash_retries": self.max_crash_retries,
+            "on_diverge": self.on_diverge,
         }

@@ -39,12 +39,13 @@ class RunStatus(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"
     LOST = "lost"  # the supervisor died without recording an end (reboot, SIGKILL)
+    DIVERGED = "diverged"  # numeric health: non-finite or spiking loss, rollbacks spent (ftlaunch.health)
 
     def is_terminal(self) -> bool:
-        return self in {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.LOST}
+        return self in {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.LOST, RunStatus.DIVERGED}
 
     def is_failed(self) -> bool:
-        return self in {RunStatus.FAILED, RunStatus.LOST}
+        return self in {RunStatus.FAILED, RunStatus.LOST, RunStatus.DIVERGED}
 
 
 class FailureKind(StrEnum):
@@ -54,6 +55,7 @@ class FailureKind(StrEnum):
     EVAL_OOM = "eval_oom"
     HOST_OOM = "host_oom"
     CRASH = "crash"
+    DIVERGED = "diverged"  # numeric health, see ftlaunch.health
     STOPPED = "stopped_by_user"
 
 

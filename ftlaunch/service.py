@@ -190,6 +190,7 @@ def create_run(
     max_crash_retries: int = 2,
     trainer_env: Mapping[str, str] | None = None,
     extra_state: Mapping[str, Any] | None = None,
+    on_diverge: str = "rollback",
 ) -> Path:
     """Write a run directory completely, then make it visible with one rename (no half runs).
 
@@ -242,6 +243,7 @@ def create_run(
             "micro_batch": p.micro_batch,
             "accumulation": p.accumulation,
             "recover": recover,
+            "on_diverge": on_diverge,  # numeric health policy (ftlaunch.health)
             "budget": {"oom_max": max_retries, "crash_max": max_crash_retries, "oom_used": 0, "crash_used": 0},
             "trainer_env": dict(public_env({**p.env, **(trainer_env or {})})),
             "memory_key": config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target),
@@ -476,6 +478,9 @@ def run_view(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "failure_kind": state.get("failure_kind"),
         "message": state.get("message"),
         "last_checkpoint": state.get("last_checkpoint"),
+        # numeric health of the current attempt (finite/spiky/diverged) and the last divergence seen
+        "health": (state.get("health") or {}).get("health"),
+        "diverged": state.get("diverged"),
         "gpu_memory_gib": gpu_gib,
         **cost,
     }

@@ -32,6 +32,7 @@ from .locks import try_flock
 from .memory_store import remember
 from .procs import start_time
 from .recovery import ZERO3_OFFLOAD, Budget, Exit, classify, decide
+from .rollback import HealthWatch
 from .runstore import (
     FailureKind,
     RunStatus,
@@ -132,6 +133,7 @@ class Supervisor:
         self.spawn = spawn
         self.stop_signal: int | None = None
         self.trainer: subprocess.Popen | None = None
+        self.watch: HealthWatch | None = None  # numeric health (ftlaunch.health), set per run
         # The output_dir lock, when the process that started this run took it (train/resume): the
         # run is then never without it, so no second start can slip in between (races, issue 13).
         self.lock = lock
@@ -200,6 +202,7 @@ class Supervisor:
         attempt = int(state.get("attempt", 0))
         extra_env = dict(state.get("trainer_env") or {})
         weights_only = bool(values.get("save_only_model"))
+        self.watch = HealthWatch(self.run_dir, values, self.env, self._say)
         while True:
             if self.stop_signal is not None:  # stopped before (or between) attempts: start nothing
                 stopped = Exit(FailureKind.STOPPED, "stopped by the user")
@@ -232,9 +235,19 @@ class Supervisor:
                 accumulation=values.get("gradient_accumulation_steps"),
                 set_aside=moved,
             )
+            self.watch.start()
             rc, log_text, ckpt_before, ckpt_after, step = self._attempt(
                 out, attempt, extra_env, weights_only, recover_until if status is RunStatus.RECOVERING else None
             )
+            # Numeric health first: a diverged trainer was halted by us, whatever its exit code says.
+            health = None if self.stop_signal is not None else self.watch.after(out, values, weights_only)
+            if health is not None and health.action == "rollback":
+                values.update(health.edits)
+                self._write_config(values, header)
+                continue
+            if health is not None:
+                ex = Exit(FailureKind.DIVERGED, health.message)
+                return self._finish("diverged", ex, rc, health.message, values, budget)
             ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
             if ex.kind is FailureKind.HOST_OOM:
                 ex = with_kernel_evidence(ex, read_state(self.run_dir).get("trainer_pid"), self.read_kernel_log)
@@ -288,6 +301,8 @@ class Supervisor:
             status, code = RunStatus.SUCCEEDED, 0
         elif action == "stop":
             status, code = RunStatus.STOPPED, STOPPED_EXIT
+        elif action == "diverged":
+            status, code = RunStatus.DIVERGED, int(ExitCode.DIVERGED)
         else:
             status, code = RunStatus.FAILED, (rc if rc > 0 else int(ExitCode.FAILED))
         state = update_state(
@@ -366,7 +381,8 @@ class Supervisor:
         next_update = 0.0
         while True:
             rc = trainer.poll()
-            if self.stop_signal is not None and rc is None:
+            halt = self.stop_signal is not None or (self.watch is not None and self.watch.halt)
+            if halt and rc is None:
                 if terminating_since is None:
                     terminating_since = self.clock()
                     append_event(self.run_dir, "stopping", signal=self.stop_signal)
@@ -383,6 +399,8 @@ class Supervisor:
                 new = prog.parse_trainer_log(complete)
                 if new:
                     records.extend(new)
+                    if self.watch is not None:
+                        self.watch.feed(new)  # a divergence sets watch.halt: the trainer is stopped above
                     now = time.time()
                     if first is None:
                         first = (int(new[0]["current_steps"]), now)

@@ -258,7 +258,7 @@ def test_scale_lr_rewrites_a_copy_and_keeps_the_original(tmp_path):
     stamp = int(time.time())
     import sys
 
-    assert rollback.scale_lr(tmp_path, "checkpoint-10", 0.5, sys.executable, stamp) is None
+    assert rollback.scale_lr(tmp_path, "checkpoint-10", 5e-4, sys.executable, stamp) is None
     kept = tmp_path / f"rolledback-checkpoint-10-{stamp}"
     sched = torch.load(ck / "scheduler.pt", weights_only=False)
     opt = torch.load(ck / "optimizer.pt", weights_only=False)
@@ -270,5 +270,13 @@ def test_scale_lr_rewrites_a_copy_and_keeps_the_original(tmp_path):
 
 def test_scale_lr_failure_leaves_everything_in_place(tmp_path):
     ck = fake_checkpoint(tmp_path, 10, [])
-    err = rollback.scale_lr(tmp_path, "checkpoint-10", 0.5, "/bin/false", 1)
+    err = rollback.scale_lr(tmp_path, "checkpoint-10", 5e-4, "/bin/false", 1)
     assert err and ck.is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10"]
+
+
+def test_fp32_fits_only_with_room_for_full_precision_activations():
+    mem = {"fits": True, "peak_gib": 20.0, "usable_gib": 28.0, "activations_gib": 3.0, "logits_gib": 1.0}
+    assert h.fp32_fits(mem)
+    assert not h.fp32_fits({**mem, "activations_gib": 7.5})
+    assert not h.fp32_fits({**mem, "fits": False})
+    assert not h.fp32_fits(None) and not h.fp32_fits({})
