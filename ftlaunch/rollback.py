@@ -198,15 +198,21 @@ class HealthWatch:
         self.run_dir = run_dir
         state = read_state(run_dir)
         self.policy = OnDiverge(state.get("on_diverge") or OnDiverge.ROLLBACK.value)
-        self.thresholds = thresholds_from(env.get("FTLAUNCH_HEALTH"))
         self.env = env
         self.say = say
+        try:
+            self.thresholds = thresholds_from(env.get("FTLAUNCH_HEALTH"))
+        except ValueError as exc:  # a typo must not kill a running supervisor: defaults, said aloud
+            self.thresholds = Thresholds()
+            say(f"ftlaunch: {exc}; numeric health uses its defaults (docs/health.md)")
+        self.values = values  # the supervisor's live config: the fp32 rung changes fp16
         self.fp16 = bool(values.get("fp16"))
         self.verdict = Verdict()
         self.halt = False
 
     def start(self) -> None:
         self.verdict, self.halt = Verdict(), False
+        self.fp16 = bool(self.values.get("fp16"))
         update_state(self.run_dir, health=self.verdict.to_dict())
 
     def feed(self, records: Iterable[Mapping[str, Any]]) -> bool:

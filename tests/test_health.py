@@ -280,3 +280,49 @@ def test_fp32_fits_only_with_room_for_full_precision_activations():
     assert not h.fp32_fits({**mem, "activations_gib": 7.5})
     assert not h.fp32_fits({**mem, "fits": False})
     assert not h.fp32_fits(None) and not h.fp32_fits({})
+
+
+# ---------------------------------------------------------------- HealthWatch, the supervisor's calls
+
+
+def complete_checkpoint(out: Path, step: int, history: list[dict], lr: float) -> Path:
+    import struct
+
+    torch = pytest.importorskip("torch")
+    ck = fake_checkpoint(out, step, history)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (ck / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
+    torch.save({"base_lrs": [lr], "_last_lr": [lr]}, ck / "scheduler.pt")
+    torch.save({"state": {}, "param_groups": [{"lr": lr, "initial_lr": lr, "params": [0]}]}, ck / "optimizer.pt")
+    return ck
+
+
+def test_health_watch_records_halts_sets_aside_and_prepares_the_rollback(tmp_path):
+    from ftlaunch.runstore import read_events, read_state
+
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    run_dir.mkdir()
+    (run_dir / "state.json").write_text(json.dumps({"version": 1, "id": "r", "on_diverge": "rollback"}))
+    said: list[str] = []
+    values = {"learning_rate": 1e-3, "output_dir": str(out)}
+    w = rollback.HealthWatch(run_dir, values, {"FTLAUNCH_HEALTH": "bogus=1"}, said.append)
+    assert "unknown setting" in said[0] and w.thresholds == h.Thresholds()  # a typo never kills the run
+    w.start()
+    good = [{"loss": 2.0, "grad_norm": 1.0, "step": s} for s in (1, 2)]
+    complete_checkpoint(out, 2, good, 1e-3)
+    complete_checkpoint(out, 4, [*good, {"loss": float("nan"), "step": 3}], 1e-3)
+    assert not w.feed(recs([2.0, 2.0]))
+    assert w.feed([{"current_steps": 3, "loss": float("nan")}]) and w.halt
+    assert not w.feed([{"current_steps": 4, "loss": float("nan")}])  # told once
+    ev = [e for e in read_events(run_dir) if e["event"] == "diverged"]
+    assert len(ev) == 1 and ev[0]["step"] == 3 and read_state(run_dir)["health"]["health"] == "diverged"
+    assert any(">>> first bad record: diverged at step 3" in s for s in said)
+    d = w.after(out, values, weights_only=False)
+    assert d.action == "rollback" and d.resume_from == "checkpoint-2" and d.edits == {"learning_rate": 5e-4}
+    names = sorted(p.name for p in out.iterdir())
+    assert names[0] == "checkpoint-2" and names[1].startswith("diverged-checkpoint-4-")
+    assert names[2].startswith("rolledback-checkpoint-2-") and len(names) == 3
+    torch = pytest.importorskip("torch")
+    assert torch.load(out / "checkpoint-2" / "scheduler.pt", weights_only=False)["base_lrs"] == [5e-4]
+    assert [e["event"] for e in read_events(run_dir)][-1] == "rolled_back"
+    assert w.tried() == ["learning_rate 0.001 -> 0.0005"]
