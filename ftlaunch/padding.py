@@ -237,7 +237,7 @@ class TokenStats:
 
 
 def token_stats_from_child(data: Mapping[str, Any], cutoff_len: int) -> TokenStats:
-    """Build TokenStats from what the counting child wrote (see ftlaunch.estimate_run._COUNT_CHILD)."""
+    """Build TokenStats from what the counting child wrote (ftlaunch/count_child.py)."""
     train = data["train"]
     packing = bool(data.get("packing"))
     samples = data.get("samples") or train
