@@ -564,6 +564,35 @@ def _mlp_saved_bytes(spec: ModelSpec, tokens: int, a: int, moe_layer: bool) -> f
     return saved
 
 
+def _upcast_under_autocast(setup: TrainSetup) -> bool:
+    """Trainable weights in fp32 under 16-bit autocast (llamafactory's default without DeepSpeed)."""
+    return not setup.pure_bf16 and _dtype_bytes(setup.compute_dtype) == 2 and setup.zero_stage == 0
+
+
+def _norms_saved_bytes(spec: ModelSpec, setup: TrainSetup, a: int) -> float:
+    """Bytes per token per hidden unit that one layer's RMSNorms keep for backward.
+
+    Each saves its fp32 upcast input (4). Then: with a frozen base (LoRA) nothing more (the weight
+    needs no gradient). In 16-bit without upcast, the 16-bit output the projections read (a). With
+    fp32 trainable norm weights under autocast, ``weight * hidden`` promotes the output to fp32 and
+    every projection reading it saves its own autocast copy (a each: q, k, v after the attention
+    norm; gate, up after the MLP norm), while the weight's gradient needs the normalised hidden
+    state (4 when the residual stream is fp32, as with a trainable fp32 embedding in full
+    fine-tuning, else a). Seen with the simulator: counting one 16-bit output per norm put full
+    fine-tuning without checkpointing 1.3-2.1 % under.
+    """
+    if setup.finetuning_type in ("lora", "oft"):
+        return 4.0 * spec.norms_per_layer
+    if not _upcast_under_autocast(setup):
+        return (4.0 + a if a == 2 else 8.0) * spec.norms_per_layer
+    names = linear_shapes(spec)
+    attn_readers = sum(1 for n in ("q_proj", "k_proj", "v_proj", "qkv_proj") if n in names) or 1
+    mlp_readers = sum(1 for n in ("gate_proj", "up_proj", "gate_up_proj") if n in names) or 2
+    resid = 4 if setup.finetuning_type == "full" else a
+    extra_norms = max(0, spec.norms_per_layer - 2) * (4 + a)  # gemma's post-norms
+    return (4 + resid + attn_readers * a) + (4 + resid + mlp_readers * a) + extra_norms
+
+
 def _layer_saved_bytes(spec: ModelSpec, setup: TrainSetup, b: int, s: int, moe_layer: bool) -> float:
     """Bytes one decoder layer saves for backward without recomputation (llama-style block).
 
@@ -592,7 +621,7 @@ def _layer_saved_bytes(spec: ModelSpec, setup: TrainSetup, b: int, s: int, moe_l
     # are then not kept (measured with the simulator: the formula was 10-13% over without this).
     frozen = setup.finetuning_type in ("lora", "oft")
     norm = 4 if frozen else (4 + a if a == 2 else 8)
-    saved = spec.norms_per_layer * norm * t * h
+    saved = _norms_saved_bytes(spec, setup, a) * t * h
     if spec.qk_norm:
         saved += norm * t * (qd + kvd)
     impl = setup.attn_impl
@@ -666,8 +695,10 @@ def _activations(spec: ModelSpec, setup: TrainSetup) -> tuple[float, float]:
     share = 1.0
     if setup.finetuning_type == "freeze" and spec.num_layers:
         share = min(abs(int(setup.freeze_trainable_layers)), spec.num_layers) / spec.num_layers
+    # the residual stream is fp32 when a trainable fp32 embedding feeds it (full fine-tuning, upcast)
+    resid = 4 if setup.finetuning_type == "full" and _upcast_under_autocast(setup) else a
     if setup.gradient_checkpointing:
-        stored = share * spec.num_layers * a * t * h + outside
+        stored = share * spec.num_layers * resid * t * h + outside
         working = max(saved_dense, saved_moe) + transient
     else:
         stored = share * (dense_layers * saved_dense + spec.num_moe_layers * saved_moe) + outside
