@@ -211,9 +211,9 @@ def make_memory_chooser(
             peak, limit = memory.gib_pair(est["peak_gib"], capacity * (1 - min(headroom, memory.MIN_HEADROOM)))
             raise DoesNotFitError(
                 f"{spec.params / 1e9:.2f}B-parameter model, {setup.finetuning_type} fine-tuning, "
-                f"cutoff_len {setup.seq_len}: peak {peak} GiB at micro-batch 1 > {limit} GiB, the most a "
-                f"tight plan may use on {hw.describe()} ({capacity:.2f} GiB less {memory.MIN_HEADROOM:.0%}; "
-                f"the target is {headroom:.0%} headroom)",
+                f"cutoff_len {setup.seq_len}: peak {peak} GiB at micro-batch 1 > {limit} GiB on "
+                f"{hw.describe()}: capacity less {memory.MIN_HEADROOM:.0%}, the least headroom even a tight "
+                f"plan keeps (target {headroom:.0%})",
                 hint="ftlaunch never changes the method or data on its own; pick one of the options above "
                 "(ordered: same numbers first, then numerics, then method or data)",
                 alternatives=alternatives,
@@ -247,7 +247,8 @@ def make_memory_chooser(
         else:
             reason = (
                 f"largest micro-batch dividing {per_device} that fits: predicted peak "
-                f"{est['peak_gib']:.1f} GiB <= {usable:.1f} GiB usable ({capacity:.0f} GiB, {headroom:.0%} headroom)"
+                f"{est['peak_gib']:.1f} GiB <= {usable:.1f} GiB usable ({capacity:.0f} GiB, {headroom:.0%} headroom); "
+                f"fits, {choice.headroom_share:.0%} of the card free"
             )
         return MemoryDecision(choice.micro_batch, mem, tuple(edits), env, warnings, reason)
 
