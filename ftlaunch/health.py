@@ -16,6 +16,7 @@ A checkpoint's ``trainer_state.json`` keeps ``grad_norm`` per logged step (``NaN
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -53,7 +54,9 @@ class Thresholds:
     window: int = 20  # records in the running median
     sustain: int = 3  # consecutive spike records that make a divergence
     min_history: int = 5  # finite losses needed before spikes are judged
-    max_scaler_skips: int = 5  # fp16: consecutive records with a non-finite grad_norm
+    # fp16: consecutive records with a non-finite grad_norm. GradScaler starts at 2**16 and halves the
+    # scale on each overflow, so a few skips while it settles are normal; ten in a row is a collapse.
+    max_scaler_skips: int = 10
     zero_loss_is_nan: bool = True
 
 
@@ -142,7 +145,10 @@ def _step_of(rec: Mapping[str, Any]) -> int | None:
 
 
 def _bad(v: Verdict, b: BadRecord, records: int) -> Verdict:
-    return replace(v, health=Health.DIVERGED, first_bad=b, records=records, spikes=(), skips=())
+    good = v.last_good_step
+    if good is not None and b.step is not None and good >= b.step:  # a console grad_norm arrived late
+        good = b.step - 1
+    return replace(v, health=Health.DIVERGED, first_bad=b, last_good_step=good, records=records, spikes=(), skips=())
 
 
 def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *, fp16: bool = False) -> Verdict:
@@ -208,6 +214,20 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
         last_good_step=step if step is not None and not skips else v.last_good_step,
         seen_positive_loss=positive,
     )
+
+
+# HF's console log line of a training step (transformers 5: values as strings), after tqdm's bar:
+#   {'loss': '6.211', 'grad_norm': 'nan', 'learning_rate': '1e+08', 'epoch': '0.125'}
+_CONSOLE = re.compile(r"\{'loss': [^{}]*'grad_norm': [^{}]*\}")
+_PAIR = re.compile(r"'(\w+)': '?([^',}]*)'?")
+
+
+def parse_console(line: str) -> list[dict[str, Any]]:
+    """The training-step dicts HF printed in one console line (tqdm joins many with \\r): loss,
+    grad_norm, learning_rate, epoch. ``trainer_log.jsonl`` lacks grad_norm; this is where it is live."""
+    if "'grad_norm'" not in line:
+        return []
+    return [{k: v.strip() for k, v in _PAIR.findall(m.group(0))} for m in _CONSOLE.finditer(line)]
 
 
 def judge(
@@ -297,7 +317,10 @@ def decide(
     where = verdict.message()
     if policy is OnDiverge.IGNORE:
         return Decision("ignore", f"{where}; --on-diverge ignore: training on")
-    limit = verdict.last_good_step if verdict.last_good_step is not None else 0
+    limit = verdict.last_good_step
+    if limit is None:  # the attempt's first record was bad: it resumed from a checkpoint before it
+        step = verdict.first_bad.step if verdict.first_bad else None
+        limit = step - 1 if step else 0
     good: Checkpoint | None = None
     aside = []
     for ck in sorted(checkpoints, key=lambda c: c.step):

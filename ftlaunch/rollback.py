@@ -36,6 +36,7 @@ from .health import (
     fp32_fits,
     history_is_clean,
     judge,
+    parse_console,
     thresholds_from,
 )
 from .progress import checkpoint_dirs, checkpoint_problems
@@ -209,13 +210,42 @@ class HealthWatch:
         self.fp16 = bool(values.get("fp16"))
         self.verdict = Verdict()
         self.halt = False
+        self.grad_norms, self.loss_steps, self.merged = [], [], 0
 
     def start(self) -> None:
         self.verdict, self.halt = Verdict(), False
         self.fp16 = bool(self.values.get("fp16"))
+        # grad_norm is only in the console: its k-th training-step line pairs with the k-th
+        # trainer_log.jsonl record with a loss of the same attempt (both written by on_log, in order).
+        self.grad_norms: list[str] = []  # appended by the supervisor's log-pump thread
+        self.loss_steps: list[int | None] = []
+        self.merged = 0
         update_state(self.run_dir, health=self.verdict.to_dict())
 
+    def console(self, line: str) -> None:
+        """One line of the trainer's output (called from the log pump thread): keep its grad_norms."""
+        for d in parse_console(line):
+            self.grad_norms.append(d.get("grad_norm", ""))
+
+    def _with_grad_norms(self, records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        out: list[Mapping[str, Any]] = []
+        norms = self.grad_norms
+        while self.merged < min(len(norms), len(self.loss_steps)):  # console lines that came late
+            out.append({"current_steps": self.loss_steps[self.merged], "grad_norm": norms[self.merged]})
+            self.merged += 1
+        for rec in records:
+            if "loss" in rec:
+                i = len(self.loss_steps)
+                step = rec.get("current_steps")
+                self.loss_steps.append(step if isinstance(step, int) else None)
+                if i < len(norms):
+                    rec = {**rec, "grad_norm": norms[i]}
+                    self.merged = i + 1
+            out.append(rec)
+        return out
+
     def feed(self, records: Iterable[Mapping[str, Any]]) -> bool:
+        records = self._with_grad_norms(records)
         before = self.verdict.health
         self.verdict = judge(records, self.thresholds, fp16=self.fp16, start=self.verdict)
         v = self.verdict
@@ -227,7 +257,7 @@ class HealthWatch:
                 self.run_dir, "diverged", step=b.step, signal=b.signal.value, values=b.values, policy=self.policy.value
             )
             # `ftlaunch logs` shows the trainer's console: mark the first bad record there.
-            self.say(f"ftlaunch: >>> first bad record: {v.message()} (trainer_log.jsonl step {b.step}) <<<")
+            self.say(f"ftlaunch: >>> first bad record: {v.message()} <<<")
             self.halt = self.policy is not OnDiverge.IGNORE
             return self.halt
         return False
@@ -253,6 +283,7 @@ class HealthWatch:
 
     def after(self, out: Path, values: dict[str, Any], weights_only: bool) -> Decision | None:
         """After a diverged attempt: set checkpoints aside, prepare the rollback; None when healthy."""
+        self.feed([])  # console grad_norms that arrived after the last record
         if not self.verdict.diverged or self.policy is OnDiverge.IGNORE:
             return None
         plan = read_json(self.run_dir / "plan.json")

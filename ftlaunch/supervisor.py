@@ -60,11 +60,20 @@ class OutputDirBusy(BusyError):
 
     def __init__(self, output_dir: str, holder: str):
         self.holder = holder
+        if holder.startswith(NEW_RUN):  # a `train` between taking the lock and creating its run
+            super().__init__(
+                f"output_dir {output_dir} is in use by {holder}",
+                hint="`ftlaunch runs` shows that run once it has started; or set another output_dir",
+            )
+            return
         who = holder or "another run"
         super().__init__(
             f"output_dir {output_dir} is in use by run {who}",
             hint=f"wait for it, stop it (`ftlaunch stop {who}`), or set another output_dir",
         )
+
+
+NEW_RUN = "a new run being started"
 
 
 def acquire_output_lock(env: Mapping[str, str], output_dir: str, run_id: str) -> IO[str]:
@@ -473,6 +482,8 @@ class Supervisor:
             for raw in iter(stream.readline, b""):
                 line = raw
                 text = raw.decode(errors="replace")
+                if self.watch is not None:
+                    self.watch.console(text)  # grad_norm is only in the console (numeric health)
                 clean = redact(text, self.env, secret_values)
                 if clean != text:
                     line = clean.encode()

@@ -136,9 +136,9 @@ def test_on_diverge_stop_stops_at_once_and_ignore_trains_on(tmp_path):
 
 
 def test_real_tiny_model_with_an_absurd_lr_goes_non_finite_is_caught_and_rolled_back(tiny, tmp_path):
-    """fp32 on the CPU, lr 1e8: step 2's grad_norm is NaN (trainer_state.json only), step 3's loss is
-    NaN, logged as 0.0 by HF's logging_nan_inf_filter. checkpoint-2 holds the NaN step, so the rollback
-    goes to checkpoint-1, and the lr the trainer uses after it is really halved."""
+    """fp32 on the CPU, lr 1e8: step 2's grad_norm is NaN (console and trainer_state.json only), step 3's
+    loss is NaN, logged as 0.0 by HF's logging_nan_inf_filter. Either way the rollback goes to
+    checkpoint-1 (checkpoint-2 holds the NaN step), and the lr the trainer uses after it is really halved."""
     out = tmp_path / "out"
     cfg = write_yaml(
         tmp_path / "c.yaml", tiny_config(tiny, out, learning_rate=1.0e8, max_steps=6, save_steps=1, warmup_steps=0)
@@ -149,7 +149,8 @@ def test_real_tiny_model_with_an_absurd_lr_goes_non_finite_is_caught_and_rolled_
     run = json.loads(r.stdout)
     ev = events(Path(run["run_dir"]))
     div = [e for e in ev if e["event"] == "diverged"]
-    assert div and div[0]["step"] == 3 and div[0]["signal"] == "hidden_nan_loss"
+    # the console's grad_norm is normally seen first (step 2); the hidden NaN loss of step 3 otherwise
+    assert (div[0]["step"], div[0]["signal"]) in ((2, "nonfinite_grad_norm"), (3, "hidden_nan_loss")), div
     rolled = [e for e in ev if e["event"] == "rolled_back"]
     assert [e["resume_from"] for e in rolled] == ["checkpoint-1", "checkpoint-1"]
     assert [e["edits"] for e in rolled] == [{"learning_rate": 5e7}, {"learning_rate": 2.5e7}]

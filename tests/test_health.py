@@ -87,12 +87,12 @@ def test_non_finite_grad_norm_diverges_outside_fp16():
 
 
 def test_fp16_scaler_skips_are_tolerated_until_sustained():
-    grads = [float("inf")] * 3 + [1.0] * 3
-    assert h.judge(recs([2.0] * 6, grads), fp16=True).health is h.Health.FINITE
-    grads = [1.0, 1.0] + [float("inf")] * 5
-    v = h.judge(recs([2.0] * 7, grads), fp16=True)
+    grads = [float("inf")] * 9 + [1.0] * 3
+    assert h.judge(recs([2.0] * 12, grads), fp16=True).health is h.Health.FINITE
+    grads = [1.0, 1.0] + [float("inf")] * 10
+    v = h.judge(recs([2.0] * 12, grads), fp16=True)
     assert v.diverged and v.first_bad.signal is h.Signal.SCALER_SKIPS
-    assert v.first_bad.step == 3 and v.last_good_step == 2 and v.first_bad.values["consecutive"] == 5
+    assert v.first_bad.step == 3 and v.last_good_step == 2 and v.first_bad.values["consecutive"] == 10
 
 
 def test_single_spike_is_spiky_not_diverged_and_fades():
@@ -326,3 +326,64 @@ def test_health_watch_records_halts_sets_aside_and_prepares_the_rollback(tmp_pat
     assert torch.load(out / "checkpoint-2" / "scheduler.pt", weights_only=False)["base_lrs"] == [5e-4]
     assert [e["event"] for e in read_events(run_dir)][-1] == "rolled_back"
     assert w.tried() == ["learning_rate 0.001 -> 0.0005"]
+
+
+# ---------------------------------------------------------------- grad_norm from the console
+
+
+def console_lines() -> list[str]:
+    # as the supervisor's pump reads them: bytes split on \n only (tqdm's \r stays inside a line)
+    return [b.decode() for b in (DATA / "console_lr1e8.txt").read_bytes().split(b"\n") if b]
+
+
+def test_parse_console_on_the_real_trainer_output():
+    got = [d for line in console_lines() for d in h.parse_console(line)]
+    assert [d["grad_norm"] for d in got] == ["1.51", "nan", "nan", "nan", "nan", "nan"]
+    assert got[1] == {"loss": "6.211", "grad_norm": "nan", "learning_rate": "1e+08", "epoch": "0.125"}
+    assert h.parse_console("{'eval_loss': '1.0', 'epoch': '1.0'}") == []
+    assert h.parse_console("{'train_runtime': '12.1', 'train_loss': '3.0'}") == []
+
+
+def watch(tmp_path: Path, **values) -> rollback.HealthWatch:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "state.json").write_text(json.dumps({"version": 1, "id": "r"}))
+    w = rollback.HealthWatch(run_dir, values, {}, lambda s: None)
+    w.start()
+    return w
+
+
+def test_console_grad_norm_catches_the_real_nan_a_step_before_the_loss_shows_it(tmp_path):
+    w = watch(tmp_path)
+    for line in console_lines()[:2]:  # the console line comes first (the jsonl is written by a thread)
+        w.console(line)
+    assert w.feed(recorded("nan_filtered_lr1e8.jsonl")[:2])
+    assert (w.verdict.first_bad.step, w.verdict.first_bad.signal) == (2, h.Signal.NONFINITE_GRAD_NORM)
+    assert w.verdict.last_good_step == 1
+
+
+def test_a_late_console_line_is_paired_with_its_record_and_moves_the_last_good_step_back(tmp_path):
+    w = watch(tmp_path)
+    assert not w.feed(recs([2.0, 2.0, 2.0]))  # no console lines yet
+    for g in ("1.0", "nan", "1.0"):
+        w.console(f"{{'loss': '2.0', 'grad_norm': '{g}', 'learning_rate': '1e-4', 'epoch': '0.1'}}")
+    assert w.feed([])
+    assert w.verdict.first_bad.step == 2 and w.verdict.last_good_step == 1
+
+
+def test_fp16_scaler_skips_from_the_console(tmp_path):
+    w = watch(tmp_path, fp16=True)
+    line = "{'loss': '2.0', 'grad_norm': 'inf', 'learning_rate': '1e-4', 'epoch': '0.1'}"
+    for _ in range(9):
+        w.console(line)
+    assert not w.feed(recs([2.0] * 9))  # 9 skipped steps: the scaler finding its scale
+    w.console(line)
+    assert w.feed([{"current_steps": 10, "loss": 2.0}])
+    assert w.verdict.first_bad.signal is h.Signal.SCALER_SKIPS and w.verdict.first_bad.step == 1
+
+
+def test_a_resumed_attempt_whose_first_record_is_bad_rolls_back_to_the_checkpoint_it_resumed_from():
+    v = h.judge([{"current_steps": 11, "loss": float("nan")}])  # resumed from checkpoint-10
+    assert v.last_good_step is None
+    d = h.decide(v, h.OnDiverge.ROLLBACK, {}, CKPTS, rollbacks_used=1)
+    assert d.resume_from == "checkpoint-10" and d.set_aside == ()
