@@ -64,9 +64,16 @@ class SimResult:
         )
 
 
-def unsupported(setup: TrainSetup) -> tuple[str, ...]:
-    """The parts of ``setup`` a CPU-only fake-tensor run cannot reproduce (pure)."""
+def unsupported(setup: TrainSetup, model_config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The parts of ``setup`` (on the model of ``model_config``) a CPU-only fake-tensor run cannot
+    reproduce (pure)."""
     out: list[str] = []
+    cfg = dict((model_config or {}).get("text_config") or model_config or {})
+    moe = any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    if moe and setup.finetuning_type in ("full", "freeze") and not setup.pure_bf16:
+        # transformers' grouped_mm experts need 16-bit weights on the CPU, and its eager experts loop
+        # is data-dependent (nonzero), which fake tensors cannot run
+        out.append("MoE experts trained in fp32 (the CPU grouped_mm kernel needs 16-bit weights)")
     if setup.quantization_bit is not None:
         out.append(f"bitsandbytes {setup.quantization_bit}-bit quantization (QLoRA needs CUDA)")
     o = setup.optimizer.lower()
@@ -95,7 +102,7 @@ def run_child(
     timeout: float = 1800.0,
 ) -> SimResult:
     """Simulate in a child ``python -m ftlaunch.simulate`` so this process never imports torch."""
-    skip = unsupported(setup)
+    skip = unsupported(setup, model_config)
     if skip:
         return SimResult(None, unsupported=skip)
     request = json.dumps({"model_config": dict(model_config), "setup": asdict(setup), "steps": steps})
@@ -255,7 +262,7 @@ def _tracker() -> Any:
 
 def simulate(model_config: Mapping[str, Any], setup: TrainSetup, steps: int = 2) -> SimResult:
     """Run ``steps`` optimizer steps of ``setup`` on fake tensors and return the tracked peak."""
-    skip = unsupported(setup)
+    skip = unsupported(setup, model_config)
     if skip:
         return SimResult(None, unsupported=skip)
     import torch

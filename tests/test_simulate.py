@@ -52,6 +52,10 @@ def test_what_cannot_be_simulated_is_named_and_never_started() -> None:
     assert any("flash-attention" in u for u in unsupported(replace(SETUP, attn_impl="fa2")))
     assert any("bitsandbytes" in u for u in unsupported(replace(SETUP, optimizer="paged_adamw_8bit")))
     assert unsupported(SETUP) == ()
+    moe = {**TINY, "model_type": "qwen2_moe", "num_experts": 4}
+    assert any("MoE" in u for u in unsupported(SETUP, moe))  # experts upcast to fp32
+    assert unsupported(replace(SETUP, pure_bf16=True, compute_dtype="bf16"), moe) == ()
+    assert unsupported(replace(SETUP, finetuning_type="lora"), moe) == ()
     res = run_child(TINY, qlora, python="/nonexistent/python")  # would fail if it tried to start
     assert res.peak_gib is None and res.unsupported and res.error is None
 
