@@ -121,7 +121,6 @@ class Verdict:
             "health": self.health.value,
             "first_bad": self.first_bad.to_dict() if self.first_bad else None,
             "last_good_step": self.last_good_step,
-            "records": self.records,
         }
 
 
