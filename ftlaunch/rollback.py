@@ -319,7 +319,10 @@ class HealthWatch:
                 message=d.message,
                 remedy=d.remedy,
             )
-        update_state(self.run_dir, health=self.verdict.to_dict(), diverged=self.verdict.to_dict())
+        target = next((s for s, p in complete if p.name == d.resume_from), None)  # set-aside ones are gone
+        update_state(
+            self.run_dir, health=self.verdict.to_dict(), diverged=self.verdict.to_dict(), last_checkpoint=target
+        )
         self.say(f"ftlaunch: {d.message}" + (f"; set aside: {', '.join(moved)}" if moved else ""))
         return d
 

@@ -108,6 +108,7 @@ def test_a_run_that_diverges_whatever_is_done_stops_after_two_rollbacks_with_eve
     assert rolled == [{"learning_rate": 1e-3}, {"max_grad_norm": 1.0}]
     s = status(run["id"], env=env)
     assert s["status"] == "diverged" and s["exit_code"] == 14 and s["failure_kind"] == "diverged"
+    assert s["last_checkpoint"] == 10  # checkpoint-15 was set aside
     assert s["health"] == "diverged"
     assert "after 2 rollbacks (tried: learning_rate 0.002 -> 0.001; max_grad_norm 0 -> 1.0)" in s["message"]
     assert ftl("status", run["id"], env=env).returncode == 14
