@@ -146,8 +146,15 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
     "--json",
     "as_json",
     is_flag=True,
-    help='Print {"id", "run_dir", "pid"} once started (--foreground: {"id", "run_dir", "exit_code"} at the end).',
+    help='Print {"id", "run_dir", "pid"} once started (--foreground: {"id", "run_dir", "exit_code"} at the end;'
+    ' --slurm: {"id", "run_dir", "slurm_job_id"}).',
 )
+@click.option("--slurm", is_flag=True, help="Submit to Slurm (sbatch) instead of starting here; --gpu names one node.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="--slurm: nodes to ask for.")
+@click.option("--partition", help="--slurm: the partition.")
+@click.option("--time", "time_limit", help="--slurm: the time limit, e.g. 24:00:00 (a requeue resumes past it).")
+@click.option("--account", help="--slurm: the account to charge.")
+@click.option("--sbatch-arg", "sbatch_args", multiple=True, help="--slurm: one more #SBATCH option (repeatable).")
 def train(
     config: str,
     overrides: tuple[str, ...],
@@ -155,6 +162,12 @@ def train(
     follow: bool,
     existing: str | None,
     as_json: bool,
+    slurm: bool,
+    nodes: int,
+    partition: str | None,
+    time_limit: str | None,
+    account: str | None,
+    sbatch_args: tuple[str, ...],
     **kw: Any,
 ) -> None:
     """Plan CONFIG, then run `llamafactory-cli train` on the adapted config, supervised.
@@ -162,11 +175,15 @@ def train(
     Takes the same arguments as `llamafactory-cli train`: a YAML and key=value overrides.
     By default the run is detached: it survives the shell and SSH; follow it with `ftlaunch logs -f`.
 
+    With --slurm, the run is a Slurm batch job over --nodes nodes of --gpu each (torchrun across
+    nodes, requeued and resumed when the time limit nears); status, logs, stop work as for any run.
+
     \b
     Examples:
       ftlaunch train cfg.yaml
       ftlaunch train cfg.yaml learning_rate=2e-5 --follow
       ftlaunch train cfg.yaml --foreground
+      ftlaunch train cfg.yaml --slurm --nodes 2 --gpu A100-80GBx8 --partition gpu --time 24:00:00
     """
     from .launch import find_trainer
     from .render import plan_renderables
@@ -176,6 +193,28 @@ def train(
 
     env = env_now()
     opts = RunOptions.from_kwargs(kw)
+    if slurm:
+        from .slurm import SlurmRequest
+        from .slurm_submit import submit_run
+
+        if foreground or follow:
+            raise click.UsageError("--slurm runs as a batch job: follow it with `ftlaunch logs -f`")
+        req = SlurmRequest(nodes, 0, partition, time_limit, account, tuple(sbatch_args))
+        run_dir, job, p = submit_run(config, overrides, opts, req, env, existing=existing or "refuse")
+        if as_json:
+            _echo_json({"id": run_dir.name, "run_dir": str(run_dir), "slurm_job_id": job})
+            return
+        for r in plan_renderables(p):
+            err_console.print(r)
+        click.echo(
+            f"submitted run {run_dir.name} as Slurm job {job} ({nodes} node(s)); script {run_dir / 'job.sbatch'}"
+        )
+        click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
+        click.echo(f"  status: ftlaunch status {run_dir.name}   (queued while Slurm holds it)")
+        click.echo(f"  stop:   ftlaunch stop {run_dir.name}     (scancel)")
+        return
+    if any((nodes != 1, partition, time_limit, account, sbatch_args)):
+        raise click.UsageError("--nodes, --partition, --time, --account and --sbatch-arg go with --slurm")
     loaded, p = make_plan(opts.plan_request(config, overrides, strict=True), env)
     find_trainer(env)
     # Holds the output_dir's lock from here on, handed to the supervisor: exit 7 if it is taken.
@@ -296,6 +335,7 @@ def runs(as_json: bool) -> None:
 
 STATUS_EXIT = {
     "succeeded": 0,
+    "queued": int(ExitCode.RUNNING),
     "running": int(ExitCode.RUNNING),
     "starting": int(ExitCode.RUNNING),
     "recovering": int(ExitCode.RUNNING),

@@ -32,6 +32,7 @@ STATE_VERSION = 1
 
 
 class RunStatus(StrEnum):
+    QUEUED = "queued"  # a Slurm job waiting for its allocation (first start or requeued)
     STARTING = "starting"
     RUNNING = "running"
     RECOVERING = "recovering"

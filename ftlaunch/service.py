@@ -434,13 +434,17 @@ def start_detached(run_dir: Path, env: Mapping[str, str], wait: float = 60.0, lo
 # ---------------------------------------------------------------- status
 
 
-def run_view(run_dir: Path, now: float | None = None) -> dict[str, Any]:
-    """One run as `status --json` shows it. Liveness decides running vs lost (fails closed)."""
+def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """One run as `status --json` shows it. Liveness decides running vs lost (fails closed); for a
+    Slurm run, Slurm decides (its supervisor runs on another host: queued, starting, or the state)."""
     state = read_state(run_dir)
     status = RunStatus(state.get("status", "lost"))
     live = liveness(state.get("pid"), state.get("pid_start"))
     trainer_live = liveness(state.get("trainer_pid"), state.get("trainer_start"))
-    if not status.is_terminal() and live is Liveness.DEAD:
+    slurm_state = None
+    if state.get("slurm_job_id"):
+        status, slurm_state = _slurm_status(state, status, live, os.environ if env is None else env)
+    elif not status.is_terminal() and live is Liveness.DEAD:
         status = RunStatus.LOST
     p = state.get("progress") or {}
     step, total = p.get("step"), p.get("total_steps")
@@ -482,8 +486,29 @@ def run_view(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         "health": (state.get("health") or {}).get("health"),
         "diverged": state.get("diverged"),
         "gpu_memory_gib": gpu_gib,
+        "slurm_job_id": state.get("slurm_job_id"),
+        "slurm_state": slurm_state,
         **cost,
     }
+
+
+def _slurm_status(
+    state: Mapping[str, Any], recorded: RunStatus, live: Liveness, env: Mapping[str, str]
+) -> tuple[RunStatus, str | None]:
+    """A Slurm run: queued/starting while Slurm holds the job and no supervisor has taken over;
+    the supervisor's own status while the job runs; lost if the job ended without a final status."""
+    from . import slurm
+
+    job_state = slurm.job_state(str(state["slurm_job_id"]), env)
+    if job_state in slurm.ACTIVE_STATES:
+        if recorded in (RunStatus.RUNNING, RunStatus.RECOVERING) and job_state not in slurm.QUEUED_STATES:
+            return recorded, job_state
+        return RunStatus(slurm.status_of(job_state) or recorded.value), job_state
+    if recorded.is_terminal() or live is not Liveness.DEAD:
+        return recorded, job_state
+    if job_state == "CANCELLED":
+        return RunStatus.STOPPED, job_state
+    return RunStatus.LOST, job_state
 
 
 def _cost(run_dir: Path, state: dict, status: RunStatus, step, total, rate, now) -> dict[str, Any]:
@@ -535,12 +560,37 @@ def _process_tree(pid: int) -> set[int]:
         return {pid}
 
 
+def _stop_slurm_job(run_dir: Path, job: str, grace: float) -> str | None:
+    """scancel a Slurm run's job while Slurm holds it: its batch step stops the supervisor, which
+    stops the trainer gracefully. None when the job is over (then stop as any run)."""
+    from . import slurm
+
+    job_state = slurm.job_state(job, os.environ)
+    if job_state not in slurm.ACTIVE_STATES:
+        return None
+    slurm.cancel(job, os.environ)
+    append_event(run_dir, "scancel", job_id=job, slurm_state=job_state)
+    if job_state in slurm.QUEUED_STATES:
+        update_state(run_dir, status=RunStatus.STOPPED.value, ended=time.time(), message="cancelled while queued")
+        return f"run {run_dir.name}: Slurm job {job} cancelled while {job_state.lower()}"
+    deadline = time.monotonic() + grace + 30
+    while time.monotonic() < deadline:
+        if RunStatus(_state_or_empty(run_dir).get("status", "lost")).is_terminal():
+            return f"run {run_dir.name} stopped (Slurm job {job} cancelled)"
+        time.sleep(0.2)
+    return f"run {run_dir.name}: Slurm job {job} cancelled; its supervisor has not recorded the stop yet"
+
+
 def stop_run(run_dir: Path, grace: float = 30.0) -> str:
     """SIGTERM the supervisor (it stops the trainer's group once and records it); clean up if it is gone.
 
     Liveness decides, and a live supervisor is always the one told: a trainer signalled behind its
     supervisor's back would count as a crash and be restarted."""
     state = read_state(run_dir)
+    if state.get("slurm_job_id"):
+        said = _stop_slurm_job(run_dir, str(state["slurm_job_id"]), grace)
+        if said:
+            return said
     status = RunStatus(state.get("status", "lost"))
     pid, started = state.get("pid"), state.get("pid_start")
     live = liveness(pid, started)
