@@ -138,6 +138,13 @@ def as_number(value: Any) -> float | None:
     return None
 
 
+def _shown(value: Any) -> Any:
+    """A logged value for events and state: non-finite floats as text, so the JSON stays strict."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
 def _step_of(rec: Mapping[str, Any]) -> int | None:
     step = rec.get("current_steps", rec.get("step"))
     return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else None
@@ -163,12 +170,12 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
     loss = as_number(rec.get("loss"))
     grad = as_number(rec.get("grad_norm")) if "grad_norm" in rec else None
     if has_loss and (loss is None or not math.isfinite(loss)):
-        return _bad(v, BadRecord(step, Signal.NONFINITE_LOSS, {"loss": rec.get("loss")}), n)
+        return _bad(v, BadRecord(step, Signal.NONFINITE_LOSS, {"loss": _shown(rec.get("loss"))}), n)
     if loss is not None and loss == 0.0 and v.seen_positive_loss and t.zero_loss_is_nan:
         return _bad(v, BadRecord(step, Signal.HIDDEN_NAN, {"loss": 0.0}), n)
     skips = v.skips
     if "grad_norm" in rec and (grad is None or not math.isfinite(grad)):
-        b = BadRecord(step, Signal.NONFINITE_GRAD_NORM, {"grad_norm": rec.get("grad_norm")})
+        b = BadRecord(step, Signal.NONFINITE_GRAD_NORM, {"grad_norm": _shown(rec.get("grad_norm"))})
         if not fp16:
             return _bad(v, b, n)
         # fp16: the dynamic loss scaler skips an overflowing step and lowers the scale; a few are normal.

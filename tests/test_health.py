@@ -387,3 +387,10 @@ def test_a_resumed_attempt_whose_first_record_is_bad_rolls_back_to_the_checkpoin
     assert v.last_good_step is None
     d = h.decide(v, h.OnDiverge.ROLLBACK, {}, CKPTS, rollbacks_used=1)
     assert d.resume_from == "checkpoint-10" and d.set_aside == ()
+
+
+def test_bad_values_are_kept_as_strict_json():
+    v = h.judge(recs([2.0, float("nan")]))
+    assert json.dumps(v.to_dict(), allow_nan=False) and v.first_bad.values == {"loss": "nan"}
+    v = h.judge(recs([2.0, 2.0], grads=[1.0, float("-inf")]))
+    assert v.first_bad.values == {"grad_norm": "-inf"}
