@@ -210,7 +210,7 @@ class HealthWatch:
         self.fp16 = bool(values.get("fp16"))
         self.verdict = Verdict()
         self.halt = False
-        self.grad_norms, self.loss_steps, self.merged = [], [], 0
+        self.grad_norms, self.loss_steps, self.merged, self.last_console = [], [], 0, None
 
     def start(self) -> None:
         self.verdict, self.halt = Verdict(), False
@@ -218,6 +218,7 @@ class HealthWatch:
         # grad_norm is only in the console: its k-th training-step line pairs with the k-th
         # trainer_log.jsonl record with a loss of the same attempt (both written by on_log, in order).
         self.grad_norms: list[str] = []  # appended by the supervisor's log-pump thread
+        self.last_console: dict[str, Any] | None = None
         self.loss_steps: list[int | None] = []
         self.merged = 0
         update_state(self.run_dir, health=self.verdict.to_dict())
@@ -225,7 +226,10 @@ class HealthWatch:
     def console(self, line: str) -> None:
         """One line of the trainer's output (called from the log pump thread): keep its grad_norms."""
         for d in parse_console(line):
-            self.grad_norms.append(d.get("grad_norm", ""))
+            # Several nodes (Slurm) each print the same reduced dict: keep one of identical neighbours.
+            if d != self.last_console:
+                self.grad_norms.append(d.get("grad_norm", ""))
+            self.last_console = d
 
     def _with_grad_norms(self, records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         out: list[Mapping[str, Any]] = []

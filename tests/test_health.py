@@ -373,11 +373,14 @@ def test_a_late_console_line_is_paired_with_its_record_and_moves_the_last_good_s
 
 def test_fp16_scaler_skips_from_the_console(tmp_path):
     w = watch(tmp_path, fp16=True)
-    line = "{'loss': '2.0', 'grad_norm': 'inf', 'learning_rate': '1e-4', 'epoch': '0.1'}"
-    for _ in range(9):
-        w.console(line)
+
+    def line(i: int) -> str:
+        return f"{{'loss': '2.0', 'grad_norm': 'inf', 'learning_rate': '1e-4', 'epoch': '{i / 100}'}}"
+
+    for i in range(1, 10):
+        w.console(line(i))
     assert not w.feed(recs([2.0] * 9))  # 9 skipped steps: the scaler finding its scale
-    w.console(line)
+    w.console(line(10))
     assert w.feed([{"current_steps": 10, "loss": 2.0}])
     assert w.verdict.first_bad.signal is h.Signal.SCALER_SKIPS and w.verdict.first_bad.step == 1
 
@@ -394,3 +397,10 @@ def test_bad_values_are_kept_as_strict_json():
     assert json.dumps(v.to_dict(), allow_nan=False) and v.first_bad.values == {"loss": "nan"}
     v = h.judge(recs([2.0, 2.0], grads=[1.0, float("-inf")]))
     assert v.first_bad.values == {"grad_norm": "-inf"}
+
+
+def test_identical_console_dicts_of_several_nodes_count_once(tmp_path):
+    w = watch(tmp_path)
+    for g in ("1.0", "1.0", "nan", "nan"):  # two nodes print each step's (reduced, identical) dict
+        w.console(f"{{'loss': '2.0', 'grad_norm': '{g}', 'learning_rate': '1e-4', 'epoch': '0.1'}}")
+    assert w.feed(recs([2.0, 2.0])) and w.verdict.first_bad.step == 2
