@@ -5,7 +5,6 @@ No decision lives here. Every command's help carries an example.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -43,7 +42,9 @@ class FtlaunchGroup(click.Group):
 
 
 def _echo_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, default=str))
+    from .render import to_json
+
+    click.echo(to_json(obj))
 
 
 @click.group(cls=FtlaunchGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -8,7 +8,6 @@ cli.py as ``main.add_command(estimate_cmd, "estimate")`` and ``main.add_command(
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ import click
 
 from .cli_options import compare_options, env_now
 from .errors import FtlaunchError
+from .render import to_json
 
 
 def _say(text: str) -> None:
@@ -115,7 +115,7 @@ def estimate_cmd(
         )
         out = _compare(machines, common, price_table, env)
         if as_json:
-            click.echo(json.dumps(out, indent=2, default=str))
+            click.echo(to_json(out))
         else:
             _render_comparison(out)
         return
@@ -174,7 +174,7 @@ def estimate_cmd(
     draw_histogram(stats, result.padding, hist)
     out["histogram"] = str(hist)
     if as_json:
-        click.echo(json.dumps(out, indent=2, default=str))
+        click.echo(to_json(out))
     else:
         _render(out)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import sys
 from collections.abc import Iterable
 from typing import IO, Any
@@ -230,5 +231,18 @@ def runs_table(rows: list[dict[str, Any]]) -> Table:
     return t
 
 
+def json_safe(obj: Any) -> Any:
+    """Strict JSON for machines: a non-finite float (a NaN loss) becomes the string "nan"/"inf"/"-inf",
+    never a bare NaN token that strict parsers (jq, JSON.parse) reject."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def to_json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, default=str)
+    """What every --json and every JSON file of a run prints: indented, strict (see json_safe)."""
+    return json.dumps(json_safe(obj), indent=2, default=str, allow_nan=False)

@@ -5,7 +5,6 @@ Errors are FtlaunchError subclasses; the top-level group (``ftlaunch.cli.main``)
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
@@ -21,7 +20,9 @@ err_console = Out(stderr=True)
 
 
 def _echo_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, default=str))
+    from .render import to_json
+
+    click.echo(to_json(obj))
 
 
 @click.group("schedule")

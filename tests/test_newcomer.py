@@ -197,3 +197,12 @@ def test_train_json_keys_agree_between_help_and_readme():
     help_text = " ".join(CliRunner().invoke(main, ["train", "--help"], terminal_width=200).output.split())
     for keys in ('{"id", "run_dir", "pid"}', '{"id", "run_dir", "exit_code"}', '{"id", "run_dir", "slurm_job_id"}'):
         assert keys in help_text and keys in readme, keys
+
+
+def test_json_output_is_strict_even_with_a_nan_loss():
+    from ftlaunch.render import to_json
+
+    text = to_json({"loss": float("nan"), "lr": float("inf"), "rows": [1.0, float("-inf")], "ok": 0.5})
+    assert json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c))) == {
+        "loss": "nan", "lr": "inf", "rows": [1.0, "-inf"], "ok": 0.5,
+    }  # fmt: skip
