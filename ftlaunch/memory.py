@@ -12,6 +12,7 @@ Peak per GPU = overhead + max(forward/backward phase, optimizer-step phase), whe
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -37,6 +38,7 @@ __all__ = [
     "estimate",
     "peak_from_tensors",
     "choose_micro_batch",
+    "corrected",
     "korthikanti_layer_bytes",
     "deepspeed_zero2_gpu_bytes",
     "deepspeed_zero3_gpu_bytes",
@@ -831,15 +833,33 @@ def _divisors_desc(n: int) -> list[int]:
     return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
 
 
-def _scan(spec: ModelSpec, setup: TrainSetup, candidates: list[int], per_device: int, limit: float):
+Estimator = Callable[[TrainSetup], MemoryEstimate]
+
+
+def corrected(spec: ModelSpec, correction: float = 1.0) -> Estimator:
+    """``estimate`` on ``spec`` with every peak scaled by ``correction`` (observed / predicted peak
+    of an earlier run of the same config on the same card; 1.0 = the formulas as they are)."""
+    if correction == 1.0:
+        return lambda setup: estimate(spec, setup)
+
+    def scaled(setup: TrainSetup) -> MemoryEstimate:
+        est = estimate(spec, setup)
+        return replace(
+            est, peak_gib=est.peak_gib * correction, overhead_gib=est.peak_gib * correction - est.tensors_gib
+        )
+
+    return scaled
+
+
+def _scan(est_fn: Estimator, setup: TrainSetup, candidates: list[int], per_device: int, limit: float):
     """The largest candidate micro-batch whose peak is within ``limit``; accumulation follows it."""
     tried: list[tuple[int, float]] = []
     for mb in candidates:
-        est = estimate(spec, replace(setup, micro_batch=mb, accumulation=per_device // mb))
+        est = est_fn(replace(setup, micro_batch=mb, accumulation=per_device // mb))
         tried.append((mb, round(est.peak_gib, 2)))
         if est.peak_gib <= limit:
             return mb, est, tuple(tried)
-    return None, estimate(spec, replace(setup, micro_batch=1, accumulation=per_device)), tuple(tried)
+    return None, est_fn(replace(setup, micro_batch=1, accumulation=per_device)), tuple(tried)
 
 
 @dataclass(frozen=True)
@@ -874,6 +894,7 @@ def choose_micro_batch(
     host_ram_note: str | None = None,
     bf16_capable: bool = True,
     can_flash: bool = False,
+    correction: float = 1.0,
 ) -> Choice:
     """Largest divisor of ``per_device_batch`` whose peak fits in capacity*(1-headroom).
 
@@ -885,7 +906,8 @@ def choose_micro_batch(
     and suffices: it is several times slower). finetuning_type, cutoff_len, learning rate and data
     are never changed; if nothing fits ``micro_batch`` is None, the verdict *does_not_fit*, and
     ``alternatives`` lists what would, ordered by how much each changes the training.
-    ``host_ram_note`` says where ``host_ram_gib`` comes from when it is an assumption.
+    ``host_ram_note`` says where ``host_ram_gib`` comes from when it is an assumption;
+    ``correction`` scales every predicted peak (see :func:`corrected`).
     """
     if per_device_batch < 1:
         raise ValueError("per_device_batch must be >= 1")
@@ -896,6 +918,7 @@ def choose_micro_batch(
     host_usable = host_ram_gib * (1 - headroom) if host_ram_gib is not None else None
     cands = _divisors_desc(per_device_batch)
     changes: list[tuple[str, object, object, str]] = []
+    est_fn = corrected(spec, correction)
 
     def done(mb: int, cur: TrainSetup, est: MemoryEstimate, tried: tuple, verdict: str) -> Choice:
         chosen = replace(cur, micro_batch=mb, accumulation=per_device_batch // mb)
@@ -906,7 +929,7 @@ def choose_micro_batch(
         return f"peak {p} GiB > {u} GiB usable ({capacity_gib:g} GiB, {headroom * 100:.0f}% headroom) at micro-batch 1"
 
     cur = setup
-    mb, est, tried = _scan(spec, cur, cands, per_device_batch, usable)
+    mb, est, tried = _scan(est_fn, cur, cands, per_device_batch, usable)
     if mb is not None:
         return done(mb, cur, est, tried, FITS)
 
@@ -930,21 +953,21 @@ def choose_micro_batch(
         if not wanted:
             continue
         cur = replace(cur, **fields)
-        after = estimate(spec, replace(cur, micro_batch=1, accumulation=per_device_batch)).peak_gib
+        after = est_fn(replace(cur, micro_batch=1, accumulation=per_device_batch)).peak_gib
         changes.append((key, old, new, f"{over(est.peak_gib)}; {why}: {after:.1f} GiB"))
-        mb, est, tried = _scan(spec, cur, cands, per_device_batch, usable)
+        mb, est, tried = _scan(est_fn, cur, cands, per_device_batch, usable)
         if mb is not None:
             return done(mb, cur, est, tried, FITS)
 
     base_for_alternatives = cur
-    mb, t_est, t_tried = _scan(spec, cur, cands, per_device_batch, tight_limit)
+    mb, t_est, t_tried = _scan(est_fn, cur, cands, per_device_batch, tight_limit)
     if mb is not None:
         return done(mb, cur, t_est, t_tried, TIGHT)
 
     # ZeRO-3 with CPU offload of optimizer states and parameters
     offload = replace(cur, zero_stage=3, offload_optimizer=True, offload_params=True)
     if offload != cur:
-        off_est = estimate(spec, replace(offload, micro_batch=1, accumulation=per_device_batch))
+        off_est = est_fn(replace(offload, micro_batch=1, accumulation=per_device_batch))
         if host_usable is not None and off_est.host_gib <= host_usable:
             changes.append(
                 (
@@ -958,12 +981,12 @@ def choose_micro_batch(
             )
             cur = offload
             for limit, verdict in ((usable, FITS), (tight_limit, TIGHT)):
-                mb, o_est, o_tried = _scan(spec, cur, cands, per_device_batch, limit)
+                mb, o_est, o_tried = _scan(est_fn, cur, cands, per_device_batch, limit)
                 if mb is not None:
                     return done(mb, cur, o_est, o_tried, verdict)
 
     alternatives = _alternatives(
-        spec,
+        est_fn,
         replace(base_for_alternatives, accumulation=per_device_batch),
         capacity_gib,
         headroom,
@@ -994,7 +1017,7 @@ def _host_check(need_gib: float, host_ram_gib: float | None, headroom: float, no
 
 
 def _alternatives(
-    spec: ModelSpec,
+    est_fn: Estimator,
     base: TrainSetup,
     capacity_gib: float,
     headroom: float,
@@ -1012,7 +1035,7 @@ def _alternatives(
     out: list[dict] = []
 
     def add(option: str, kind: str, setup: TrainSetup, change: dict, speed: str) -> None:
-        est = estimate(spec, setup)
+        est = est_fn(setup)
         verdict = verdict_of(est.peak_gib, capacity_gib, headroom)
         why = None
         if verdict == DOES_NOT_FIT:
@@ -1130,7 +1153,7 @@ def _alternatives(
             continue
         cand = replace(base, world_size=n, zero_stage=3, offload_optimizer=False, offload_params=False)
         chosen = (n, cand)
-        if estimate(spec, cand).peak_gib <= capacity_gib * (1 - headroom):
+        if est_fn(cand).peak_gib <= capacity_gib * (1 - headroom):
             break
     if chosen is not None:
         n, cand = chosen

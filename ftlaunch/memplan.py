@@ -161,12 +161,17 @@ def make_memory_chooser(
     *,
     headroom: float,
     default_optim: tuple[str, str] | None = None,
+    observed: Mapping[str, Any] | None = None,
 ):
     """The planner's memory callback. ``default_optim`` = (name, why) from
-    :func:`installed_default_optimizer`, read once by the caller (default: read here, now)."""
+    :func:`installed_default_optimizer`, read once by the caller (default: read here, now).
+    ``observed`` = what an earlier run of this config on this card used
+    (``memory_store.recall(env, key)["observed"]``): predictions are scaled up to it."""
     from . import memory
+    from .memory_store import correction_from
 
     optim_default, optim_why = default_optim or installed_default_optimizer()
+    correction, correction_why = correction_from(observed)
 
     def choose(values: Mapping[str, Any], hw: Hardware, per_device: int, preferred: int) -> MemoryDecision | None:
         if not hw.gpus:
@@ -187,6 +192,7 @@ def make_memory_chooser(
             host_ram_note=host_note,
             bf16_capable=hw.bf16,
             can_flash=all(g.flash_attn for g in hw.gpus),
+            correction=correction,
         )
         est = choice.estimate.to_dict()
         usable = capacity * (1 - headroom)
@@ -205,6 +211,8 @@ def make_memory_chooser(
             "optimizer_source": "config" if values.get("optim") else optim_why,
             "host_ram_gib": host_ram,
             "host_ram_note": host_note,
+            "correction": round(correction, 4),
+            "correction_note": correction_why,
         }
         if choice.micro_batch is None:
             alternatives = [dict(a) for a in choice.alternatives]
@@ -232,14 +240,14 @@ def make_memory_chooser(
                 new = offload_config_path()
                 env.update({"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "1"})
             edits.append((key, new, reason))
-        warnings: tuple[str, ...] = ()
+        warnings: tuple[str, ...] = (correction_why,) if correction_why else ()
         if choice.verdict == memory.TIGHT:
             reason = (
                 f"TIGHT: largest micro-batch dividing {per_device} within the card: predicted peak "
                 f"{est['peak_gib']:.2f} GiB of {capacity:.2f} GiB leaves {choice.headroom_share:.1%} "
                 f"({choice.headroom_gib:.2f} GiB) headroom, less than the {headroom:.0%} target"
             )
-            warnings = (
+            warnings += (
                 f"tight: predicted peak {est['peak_gib']:.2f} GiB of {capacity:.2f} GiB "
                 f"({choice.headroom_share:.1%} headroom, target {headroom:.0%}); an OOM is recovered by the "
                 "next rung (smaller micro-batch, then offload)",

@@ -232,3 +232,28 @@ def test_plan_json_prints_the_whole_object_on_refusal(tmp_path) -> None:
     assert d["alternatives"] and d["alternatives"][0]["kind"] == SAME_NUMBERS
     assert d["hardware"]["gpus"][0]["name"] == "Tesla T4" and d["config"]["finetuning_type"] == "full"
     assert "does not fit" not in r.stdout.split("{", 1)[0]  # stdout is the JSON object only
+
+
+# ============================================================ observed peaks
+
+
+def test_observed_peak_is_kept_and_only_raises_later_predictions(isolated_home) -> None:
+    from ftlaunch.memory_store import correction_from, recall, remember, remember_observed
+
+    env = {"FTLAUNCH_HOME": str(isolated_home)}
+    remember_observed(env, "k:V100", observed_peak_gib=31.0, predicted_peak_gib=30.0, micro_batch=1)
+    remember_observed(env, "k:V100", observed_peak_gib=30.5, predicted_peak_gib=30.0, micro_batch=1)  # smaller
+    remember(env, "k:V100", {"per_device_train_batch_size": 1}, "OOM")  # keeps the observation
+    obs = recall(env, "k:V100")["observed"]
+    assert obs["observed_peak_gib"] == 31.0
+    factor, why = correction_from(obs)
+    assert factor == pytest.approx(31 / 30) and "31.00 GiB" in why
+    assert correction_from({"observed_peak_gib": 20.0, "predicted_peak_gib": 30.0, "micro_batch": 1}) == (1.0, None)
+
+    spec = spec_of("qwen2.5-1.5b")
+    values = {**SEED, "deepspeed": None}
+    plain = make_memory_chooser(spec, None, headroom=0.12, default_optim=FUSED)
+    seen = make_memory_chooser(spec, None, headroom=0.12, default_optim=FUSED, observed=obs)
+    a, b = (c(values, catalog_hardware("A100-80GB"), 1, 1) for c in (plain, seen))
+    assert b.memory["peak_gib"] == pytest.approx(a.memory["peak_gib"] * 31 / 30)
+    assert b.memory["correction_note"] and any("31.00 GiB" in w for w in b.warnings)
