@@ -257,3 +257,14 @@ def test_observed_peak_is_kept_and_only_raises_later_predictions(isolated_home) 
     a, b = (c(values, catalog_hardware("A100-80GB"), 1, 1) for c in (plain, seen))
     assert b.memory["peak_gib"] == pytest.approx(a.memory["peak_gib"] * 31 / 30)
     assert b.memory["correction_note"] and any("31.00 GiB" in w for w in b.warnings)
+
+
+def test_simulate_plan_without_a_config_json_says_why_and_keeps_the_formula() -> None:
+    from ftlaunch.memplan import simulate_plan
+
+    spec = spec_of("qwen2.5-1.5b")
+    chooser = make_memory_chooser(spec, None, headroom=0.12, default_optim=FUSED)
+    p = plan({**SEED, "deepspeed": None}, catalog_hardware("A100-80GB"), memory_chooser=chooser)
+    out = simulate_plan(p, None, python="/nonexistent/python")  # a hub id, no local config.json
+    assert out["error"] == "no config.json to build the model from"
+    assert out["formula_peak_gib"] == p.memory["peak_gib"] and "simulated_peak_gib" not in out
