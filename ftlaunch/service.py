@@ -334,7 +334,7 @@ def claim_output_dir(
     record what was found."""
     from .memory_store import config_key
     from .runstore import list_runs
-    from .supervisor import acquire_output_lock
+    from .supervisor import NEW_RUN, acquire_output_lock
 
     home_problem(env)
     output_dir = str(p.config.get("output_dir") or "")
@@ -342,7 +342,7 @@ def claim_output_dir(
         raise ConfigError("key 'output_dir' is missing: the run needs a directory for its checkpoints")
     if problem := not_writable(Path(output_dir)):
         raise ConfigError(f"output_dir {problem}", hint="choose a directory you can write")
-    lock = acquire_output_lock(env, output_dir, "a new run")
+    lock = acquire_output_lock(env, output_dir, f"{NEW_RUN} (pid {os.getpid()})")
     try:
         out = Path(output_dir)
         checkpoints = [path.name for _, path in prog.checkpoint_dirs(out)]
@@ -581,12 +581,12 @@ def _stop_slurm_job(run_dir: Path, job: str, grace: float) -> str | None:
     return f"run {run_dir.name}: Slurm job {job} cancelled; its supervisor has not recorded the stop yet"
 
 
-def stop_run(run_dir: Path, grace: float = 30.0) -> str:
+def stop_run(run_dir: Path, grace: float = 30.0, env: Mapping[str, str] | None = None) -> str:
     """SIGTERM the supervisor (it stops the trainer's group once and records it); clean up if it is gone.
 
     Liveness decides, and a live supervisor is always the one told: a trainer signalled behind its
     supervisor's back would count as a crash and be restarted."""
-    state = read_state(run_dir)
+    state = _wait_while_starting(run_dir, read_state(run_dir), os.environ if env is None else env)
     if state.get("slurm_job_id"):
         said = _stop_slurm_job(run_dir, str(state["slurm_job_id"]), grace)
         if said:
@@ -617,6 +617,23 @@ def stop_run(run_dir: Path, grace: float = 30.0) -> str:
         update_state(run_dir, status=RunStatus.STOPPED.value, ended=time.time(), message="stopped by the user")
         append_event(run_dir, "stopped", message="supervisor was gone; trainer stopped directly")
     return f"run {run_dir.name} stopped"
+
+
+def _wait_while_starting(run_dir: Path, state: dict[str, Any], env: Mapping[str, str], wait: float = 60.0) -> dict:
+    """A run whose starter holds its output_dir lock but whose supervisor has not written its pid yet
+    (between `train`/`resume` and "started"): wait for the pid, so the stop reaches the supervisor
+    instead of being recorded and then overwritten by it."""
+    from .supervisor import OutputDirBusy, acquire_output_lock
+
+    deadline = time.monotonic() + wait
+    while state.get("status") == RunStatus.STARTING.value and not state.get("pid") and time.monotonic() < deadline:
+        try:
+            acquire_output_lock(env, str(state.get("output_dir") or ""), "stop").close()
+            return state  # nobody is starting it
+        except OutputDirBusy:
+            time.sleep(0.1)
+            state = _state_or_empty(run_dir) or state
+    return state
 
 
 def _state_or_empty(run_dir: Path) -> dict[str, Any]:

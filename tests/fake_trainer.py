@@ -34,7 +34,9 @@ def main() -> int:
     cfg = yaml.safe_load(Path(sys.argv[2]).read_text())
     counter = Path(os.environ["FAKE_TRAINER_COUNTER"])
     n = int(counter.read_text()) if counter.exists() else 0
-    counter.write_text(str(n + 1))
+    tmp = counter.with_name(f".{counter.name}.{os.getpid()}")
+    tmp.write_text(str(n + 1))
+    tmp.replace(counter)  # atomic: a test polling the count never reads a half-written file
     with open(counter.with_suffix(".configs.jsonl"), "a") as f:
         f.write(json.dumps(cfg) + "\n")
     script = json.loads(os.environ["FAKE_TRAINER_SCRIPT"])

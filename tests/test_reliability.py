@@ -350,3 +350,27 @@ def test_case10_a_truncated_state_keeps_the_run_findable_by_name(tmp_path, fake,
     name = read_state(run_dir)["name"]
     (run_dir / "state.json").write_text('{"version": 1, "na')
     assert find_run(dict(os.environ), name) == run_dir
+
+
+def test_case2_a_stop_while_the_run_is_being_started_waits_for_its_supervisor(tmp_path):
+    import threading
+    import time
+
+    from ftlaunch.service import _wait_while_starting
+    from ftlaunch.supervisor import acquire_output_lock
+
+    from .test_recovery import make_run
+
+    run_dir, env = make_run(tmp_path, [{"ok": True}])
+    st = read_state(run_dir)
+    assert st["status"] == "starting" and not st.get("pid")
+    assert _wait_while_starting(run_dir, st, env).get("pid") is None  # nobody is starting it: no wait
+    lock = acquire_output_lock(env, st["output_dir"], run_dir.name)  # a `resume` in the middle of starting
+
+    def supervisor_takes_over():
+        time.sleep(0.3)
+        update_state(run_dir, pid=os.getpid(), status="running")
+        lock.close()
+
+    threading.Thread(target=supervisor_takes_over).start()
+    assert _wait_while_starting(run_dir, st, env)["pid"] == os.getpid()  # a stop now reaches that pid
