@@ -138,6 +138,11 @@ def simulate_plan(plan: Any, model_config: str | None = None, *, python: str | N
         "formula_tensors_gib": mem.get("tensors_gib"),
         "formula_peak_gib": mem.get("peak_gib"),
     }
+    # kernels that replace transformers' modules (and their memory) are not in the simulator
+    kernels = [k for k in ("enable_liger_kernel", "use_unsloth", "use_unsloth_gc") if plan.config.get(k)]
+    if kernels:
+        out["unsupported"] = [f"{k} (kernels the simulator does not run)" for k in kernels]
+        return out
     cfg = raw_model_config(plan.config, model_config)
     if cfg is None or not plan.hardware.gpus:
         out["error"] = "no config.json to build the model from" if cfg is None else "no GPU: nothing to simulate"

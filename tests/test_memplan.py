@@ -268,3 +268,8 @@ def test_simulate_plan_without_a_config_json_says_why_and_keeps_the_formula() ->
     out = simulate_plan(p, None, python="/nonexistent/python")  # a hub id, no local config.json
     assert out["error"] == "no config.json to build the model from"
     assert out["formula_peak_gib"] == p.memory["peak_gib"] and "simulated_peak_gib" not in out
+    liger = plan(
+        {**SEED, "deepspeed": None, "enable_liger_kernel": True}, catalog_hardware("A100-80GB"), memory_chooser=chooser
+    )
+    out = simulate_plan(liger, None, python="/nonexistent/python")
+    assert any("enable_liger_kernel" in u for u in out["unsupported"]) and "simulated_peak_gib" not in out
