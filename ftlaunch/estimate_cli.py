@@ -309,7 +309,12 @@ def _model_facts(values: Mapping[str, Any], p: Any, req: Any) -> dict[str, Any]:
     spec, _note = model_spec_for(values, req.params, req.model_config)
     if spec is None:
         return facts
-    setup = setup_from_config(dict(values), world_size=p.world_size, deepspeed_config=load_deepspeed(values))
+    from .memplan import installed_default_optimizer
+
+    optim = installed_default_optimizer()[0]  # what HF Trainer really uses when `optim` is unset
+    setup = setup_from_config(
+        dict(values), world_size=p.world_size, deepspeed_config=load_deepspeed(values), default_optim=optim
+    )
     facts["shape"] = throughput.model_shape(spec, trainable_params(spec, setup))
     if p.hardware.gpus and setup.gradient_checkpointing:
         off = memory_estimate(spec, replace(setup, gradient_checkpointing=False, micro_batch=p.micro_batch))

@@ -103,6 +103,8 @@ def plan_renderables(plan: Plan, title: str = "ftlaunch plan") -> list[Any]:
 
 
 def memory_table(mem: Any) -> Table:
+    """The memory model's figures and verdict: fits (within the headroom), tight (runs, with less
+    headroom than the target) or does not fit."""
     t = Table(title="memory per GPU (GiB, predicted)", show_header=False)
     t.add_column("component")
     t.add_column("GiB", justify="right")
@@ -120,9 +122,19 @@ def memory_table(mem: Any) -> Table:
     ):
         if mem.get(key) is not None:
             t.add_row(key.removesuffix("_gib"), f"{mem[key]:.2f}")
-    if mem.get("headroom") is not None:
-        t.add_row("headroom", f"{mem['headroom']:.0%}")
-    t.add_row("fits", "yes" if mem.get("fits") else "NO")
+    if mem.get("optimizer"):
+        t.add_row("optimizer", str(mem["optimizer"]))
+    verdict = mem.get("verdict") or ("fits" if mem.get("fits") else "does not fit")
+    left = ""
+    if mem.get("headroom_gib") is not None and mem.get("headroom_share") is not None:
+        left = f"{mem['headroom_gib']:.2f} GiB ({mem['headroom_share']:.1%}) free"
+    target = f"target headroom {mem['headroom']:.0%}" if mem.get("headroom") is not None else ""
+    shown = {"fits": "fits", "tight": "TIGHT", "does_not_fit": "DOES NOT FIT"}.get(verdict, str(verdict).upper())
+    t.add_row("verdict", "; ".join(x for x in (shown, left, target) if x))
+    if mem.get("correction") not in (None, 1, 1.0):
+        t.add_row("correction", f"x{mem['correction']:.3f} {mem.get('correction_note') or ''}".strip())
+    if mem.get("host_ram_note"):
+        t.add_row("host RAM", str(mem["host_ram_note"]))
     if mem.get("tried"):
         t.add_row("micro-batch tried", ", ".join(f"{b}: {p:.1f}" for b, p in mem["tried"]))
     return t
@@ -171,6 +183,7 @@ KIND_TITLES = {  # short: they sit in the option column
     "same-numbers": "same numbers:",
     "numerics": "other numerics:",
     "method": "other method/data:",
+    "hardware": "more hardware:",
 }
 
 

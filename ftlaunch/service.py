@@ -73,7 +73,8 @@ def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path
     if req.gpu and req.hardware_file:
         raise HardwareError("--gpu and --hardware both given", hint="use one of them")
     if req.gpu:
-        return catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib or probe_ram())
+        # A what-if for another machine never counts this machine's RAM (memplan.host_ram_for assumes).
+        return catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib)
     if req.hardware_file:
         try:
             hw = load_hardware_file(req.hardware_file)
@@ -87,12 +88,6 @@ def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path
     if req.host_ram_gib:
         hw = replace(hw, host_ram_gib=req.host_ram_gib, host_available_gib=req.host_ram_gib)
     return hw
-
-
-def probe_ram() -> float | None:
-    import psutil
-
-    return round(psutil.virtual_memory().total / 2**30, 2)
 
 
 def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, Plan]:
