@@ -113,16 +113,41 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
     for r in plan_renderables(p):
         console.print(r)
     if sim is not None:
-        if sim.get("simulated_peak_gib") is not None:
-            console.print(
-                f"simulated peak {sim['simulated_peak_gib']:.2f} GiB (tensors {sim['simulated_tensors_gib']:.2f}) "
-                f"beside the formula's {sim['formula_peak_gib']:.2f} GiB (tensors {sim['formula_tensors_gib']:.2f}); "
-                f"{sim['seconds']:.0f} s",
-                highlight=False,
-            )
-        else:
-            why = sim.get("error") or "; ".join(sim.get("unsupported") or [])
-            console.print(f"not simulated ({why}): the formula's figure stands", highlight=False)
+        console.print(_simulation_line(sim), highlight=False)
+
+
+def _simulation_line(sim: dict[str, Any]) -> str:
+    if sim.get("simulated_peak_gib") is None:
+        why = sim.get("error") or "; ".join(sim.get("unsupported") or [])
+        return f"not simulated ({why}): the formula's figure stands"
+    return (
+        f"simulated peak {sim['simulated_peak_gib']:.2f} GiB (tensors {sim['simulated_tensors_gib']:.2f}) "
+        f"beside the formula's {sim['formula_peak_gib']:.2f} GiB (tensors {sim['formula_tensors_gib']:.2f}); "
+        f"{sim['seconds']:.0f} s"
+    )
+
+
+def _simulate_if_tight(p: Any, simulate: bool | None, model_config: str | None) -> Any:
+    """`train`: a tight plan is checked on fake tensors first (unless --no-simulate); the result
+    goes into the plan (plan.json) and, when it exceeds the card, a warning (the OOM ladder stands by)."""
+    from dataclasses import replace
+
+    verdict = (p.memory or {}).get("verdict")
+    if simulate is False or (simulate is None and verdict != "tight"):
+        return p
+    from .memplan import simulate_plan
+
+    err_console.print(f"plan is {verdict}: simulating two optimizer steps on fake tensors first (--no-simulate skips)")
+    sim = simulate_plan(p, model_config)
+    err_console.print(_simulation_line(sim), highlight=False)
+    warnings = list(p.warnings)
+    capacity = (p.memory or {}).get("capacity_gib")
+    if sim.get("simulated_peak_gib") and capacity and sim["simulated_peak_gib"] > capacity:
+        warnings.append(
+            f"the simulator puts the peak at {sim['simulated_peak_gib']:.2f} GiB, above the card's {capacity:.2f} GiB: "
+            "expect an OOM; recovery will step the micro-batch down (global batch kept)"
+        )
+    return replace(p, memory={**(p.memory or {}), "simulated": sim}, warnings=tuple(warnings))
 
 
 @main.command()
@@ -150,6 +175,11 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
     help='Print {"id", "run_dir", "pid"} once started (--foreground: {"id", "run_dir", "exit_code"} at the end;'
     ' --slurm: {"id", "run_dir", "slurm_job_id"}).',
 )
+@click.option(
+    "--simulate/--no-simulate",
+    default=None,
+    help="Check the plan's peak on fake tensors before starting [default: only when the verdict is tight].",
+)
 @click.option("--slurm", is_flag=True, help="Submit to Slurm (sbatch) instead of starting here; --gpu names one node.")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="--slurm: nodes to ask for.")
 @click.option("--partition", help="--slurm: the partition.")
@@ -169,6 +199,7 @@ def train(
     time_limit: str | None,
     account: str | None,
     sbatch_args: tuple[str, ...],
+    simulate: bool | None,
     **kw: Any,
 ) -> None:
     """Plan CONFIG, then run `llamafactory-cli train` on the adapted config, supervised.
@@ -218,6 +249,7 @@ def train(
         raise click.UsageError("--nodes, --partition, --time, --account and --sbatch-arg go with --slurm")
     loaded, p = make_plan(opts.plan_request(config, overrides, strict=True), env)
     find_trainer(env)
+    p = _simulate_if_tight(p, simulate, opts.model_config)
     # Holds the output_dir's lock from here on, handed to the supervisor: exit 7 if it is taken.
     run_dir, lock = new_run(loaded, p, env, existing=Existing(existing or "refuse"), **opts.supervisor_settings())
     if not as_json:

@@ -4,8 +4,10 @@ own preprocessing on the tiny model's tokenizer) and a real model size (Qwen2.5-
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +53,27 @@ def test_seed_config_over_four_cards(tiny, tmp_path):
     assert not t4["fits"] and t4["wall_hours"] is None and t4["alternative"]["fits"]
     assert out["tokens"]["samples"] > 0
     print(f"comparison of 4 machines: {took:.1f} s")
+
+
+def test_train_simulates_a_tight_plan_first(tiny, tmp_path):
+    # The seed case on a V100-32GB is tight (about 5% free): train checks it on fake tensors first.
+    cfg = tiny_config(tiny, tmp_path / "out", cutoff_len=1024, per_device_train_batch_size=8,
+                      gradient_accumulation_steps=8, max_steps=1)  # fmt: skip
+    path = write_yaml(tmp_path / "seed.yaml", cfg)
+    wrapper = tmp_path / "fake-llamafactory-cli"
+    wrapper.write_text("#!/bin/sh\nexit 0\n")
+    wrapper.chmod(0o755)
+    env = dict(os.environ, FTLAUNCH_LLAMAFACTORY_CLI=str(wrapper))
+    args = ["train", str(path), "--gpu", "V100-32GB", "--foreground", "--json"]
+    args += ["--model-config", str(MODEL_CONFIGS / "qwen2.5-1.5b" / "config.json")]
+    r = subprocess.run([str(venv_bin() / "ftlaunch"), *args], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "plan is tight: simulating" in r.stderr and "simulated peak" in r.stderr
+    plan = json.loads((Path(json.loads(r.stdout)["run_dir"]) / "plan.json").read_text())
+    sim = plan["memory"]["simulated"]
+    assert plan["memory"]["verdict"] == "tight" and sim["simulated_peak_gib"] > 20
+    # the formula and the simulator agree within the calibration band
+    assert abs(sim["simulated_peak_gib"] / sim["formula_peak_gib"] - 1) < 0.05
+    r = subprocess.run([str(venv_bin() / "ftlaunch"), *args, "--no-simulate", f"output_dir={tmp_path / 'o2'}"],
+                       capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert r.returncode == 0 and "simulating" not in r.stderr, r.stderr
