@@ -84,10 +84,6 @@ def acquire_output_lock(env: Mapping[str, str], output_dir: str, run_id: str) ->
     return got
 
 
-def check_output_free(env: Mapping[str, str], output_dir: str) -> None:
-    acquire_output_lock(env, output_dir, "check").close()
-
-
 def relabel_lock(lock: IO[str], owner: str) -> None:
     """Write the holder's name into a lock we hold (a new run's id is known only once it exists)."""
     lock.seek(0)
