@@ -215,7 +215,17 @@ def list_runs(env: Mapping[str, str]) -> list[Path]:
     root = runs_root(env)
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.name)
+    return sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_creation_order)
+
+
+def _creation_order(run_dir: Path) -> tuple[str, int, str]:
+    """Oldest first. Ids carry the second and a random suffix, so runs made within one second are
+    ordered by their source.yaml, written once when the run is created (the latest run is the last)."""
+    try:
+        made = (run_dir / "source.yaml").stat().st_mtime_ns
+    except OSError:
+        made = 0
+    return run_dir.name[: len("YYYYmmdd-HHMMSS")], made, run_dir.name
 
 
 def find_run(env: Mapping[str, str], ref: str | None) -> Path:

@@ -374,3 +374,15 @@ def test_case2_a_stop_while_the_run_is_being_started_waits_for_its_supervisor(tm
 
     threading.Thread(target=supervisor_takes_over).start()
     assert _wait_while_starting(run_dir, st, env)["pid"] == os.getpid()  # a stop now reaches that pid
+
+
+def test_the_latest_run_is_the_last_created_even_within_one_second(tmp_path, isolated_home):
+    from ftlaunch.runstore import list_runs
+
+    root = isolated_home / "runs"
+    for name in ("20260101-000000-ffff", "20260101-000000-0000"):  # created in this order, same second
+        (root / name).mkdir(parents=True)
+        (root / name / "source.yaml").write_text("x")
+        os.utime(root / name / "source.yaml", ns=(1, 10**9 if name.endswith("ffff") else 2 * 10**9))
+    assert [p.name for p in list_runs(dict(os.environ))] == ["20260101-000000-ffff", "20260101-000000-0000"]
+    assert find_run(dict(os.environ), None).name == "20260101-000000-0000"
