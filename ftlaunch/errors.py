@@ -105,5 +105,9 @@ class StateError(FtlaunchError):
     exit_code = ExitCode.STATE
 
 
+class StateVersionError(StateError):
+    """A state.json this ftlaunch does not know the version of: refused, never rebuilt or overwritten."""
+
+
 class TrainerError(FtlaunchError):
     exit_code = ExitCode.TRAINER

@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .errors import RunNotFoundError, StateError
+from .errors import RunNotFoundError, StateError, StateVersionError
 
 STATE_VERSION = 1
 
@@ -175,7 +175,7 @@ def read_state(run_dir: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise StateError(f"run {run_dir.name}: state.json does not hold an object", hint=hint)
     if data.get("version") != STATE_VERSION:
-        raise StateError(
+        raise StateVersionError(
             f"run {run_dir.name}: state.json has version {data.get('version')!r}, "
             f"this ftlaunch reads version {STATE_VERSION}; not touching it",
             hint="use the ftlaunch version that made the run",

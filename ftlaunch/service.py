@@ -28,7 +28,7 @@ from .config import (
     resolve_paths,
     split_secrets,
 )
-from .errors import BusyError, ConfigError, HardwareError, StateError
+from .errors import BusyError, ConfigError, HardwareError, StateError, StateVersionError
 from .hardware import Hardware, catalog_hardware, gpu_memory_of, load_hardware_file, probe
 from .launch import find_trainer, public_env
 from .memory_store import config_key, recall
@@ -660,6 +660,8 @@ def resume_run(
 
     try:
         state = read_state(run_dir)
+    except StateVersionError:
+        raise  # another ftlaunch's state: not ours to rebuild over
     except StateError:
         state = rebuild_state(run_dir)
     verdict = _resume_verdict(run_dir, state, overrides)

@@ -308,8 +308,11 @@ def test_case9_state_of_an_unknown_version_is_refused_never_overwritten(tmp_path
     (run_dir / "state.json").write_text(json.dumps(future))
     with pytest.raises(StateError, match="version 99"):
         update_state(run_dir, progress={"step": 1})
-    assert json.loads((run_dir / "state.json").read_text()) == future
     assert cli("status", run_dir.name).exit_code == 12
+    r = cli("resume", run_dir.name, "--foreground")  # not rebuilt over either
+    assert r.exit_code == 12 and "version 99" in " ".join(r.output.split())
+    assert json.loads((run_dir / "state.json").read_text()) == future
+    assert not list(run_dir.glob("state.json.corrupt-*"))
 
 
 # ---------------------------------------------------------------- case 10
