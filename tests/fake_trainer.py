@@ -122,6 +122,26 @@ def write_checkpoint(out: Path, step: int) -> Path:
     return ck
 
 
+def write_config(folder: Path, **over) -> Path:
+    """``folder``/c.yaml: the smallest training config these tests plan (output_dir ``folder``/out)."""
+    cfg = {
+        "stage": "sft",
+        "do_train": True,
+        "output_dir": str(folder / "out"),
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        **over,
+    }
+    path = folder / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def configs_seen(folder: Path) -> list[dict]:
+    """The config of every start, in order (FAKE_TRAINER_COUNTER=``folder``/counter)."""
+    return [json.loads(x) for x in (folder / "counter.configs.jsonl").read_text().splitlines()]
+
+
 def install(folder: Path) -> Path:
     """An executable llamafactory-cli stand-in in ``folder`` that runs this script."""
     wrapper = folder / "fake-llamafactory-cli"

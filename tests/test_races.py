@@ -17,9 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
-from .fake_trainer import install
+from .fake_trainer import install, write_config
 
 ITERATIONS = int(os.environ.get("FTLAUNCH_RACE_ITERATIONS", "5"))
 
@@ -33,18 +32,7 @@ def setup(tmp_path: Path, script: list[dict]) -> tuple[Path, dict]:
         "FAKE_TRAINER_SCRIPT": json.dumps(script),
         "FAKE_TRAINER_COUNTER": str(tmp_path / "counter"),
     }
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "stage": "sft",
-                "do_train": True,
-                "output_dir": str(tmp_path / "out"),
-                "per_device_train_batch_size": 2,
-                "gradient_accumulation_steps": 2,
-            }
-        )
-    )
+    cfg = write_config(tmp_path)
     return cfg, env
 
 

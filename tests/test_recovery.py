@@ -13,7 +13,7 @@ from ftlaunch.recovery import Budget, classify, decide, oom_step
 from ftlaunch.runstore import FailureKind, read_state
 from ftlaunch.supervisor import Supervisor
 
-from .fake_trainer import install
+from .fake_trainer import configs_seen, install, write_config
 
 OOM = "Traceback\n  File x, in training_step\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.79 GiB"
 
@@ -109,21 +109,11 @@ def test_eval_oom_shrinks_the_eval_batch_only():
 
 def make_run(tmp_path: Path, script: list[dict], config: dict | None = None) -> tuple[Path, dict]:
     """A real run directory (via the service layer) whose trainer is tests/fake_trainer.py."""
-    import yaml
 
     from ftlaunch.hardware import catalog_hardware
     from ftlaunch.service import PlanRequest, create_run, make_plan
 
-    cfg = {
-        "stage": "sft",
-        "do_train": True,
-        "output_dir": str(tmp_path / "out"),
-        "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 2,
-        **(config or {}),
-    }
-    src = tmp_path / "c.yaml"
-    src.write_text(yaml.safe_dump(cfg))
+    src = write_config(tmp_path, **{"per_device_train_batch_size": 4, **(config or {})})
     env = {
         "FTLAUNCH_HOME": str(tmp_path / "home"),
         "PATH": "/usr/bin:/bin",
@@ -135,10 +125,6 @@ def make_run(tmp_path: Path, script: list[dict], config: dict | None = None) -> 
     assert catalog_hardware("A10G").gpu_count == 1
     run_dir = create_run(loaded, p, env, max_retries=3, max_crash_retries=1)
     return run_dir, env
-
-
-def configs_seen(tmp_path: Path) -> list[dict]:
-    return [json.loads(x) for x in (tmp_path / "counter.configs.jsonl").read_text().splitlines()]
 
 
 def test_oom_at_micro_batch_one_gives_up_quickly(tmp_path):

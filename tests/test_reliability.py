@@ -12,7 +12,6 @@ import stat
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from ftlaunch.cli import main
@@ -21,7 +20,7 @@ from ftlaunch.recovery import Budget, classify, decide, oom_numbers, oom_step
 from ftlaunch.runstore import find_run, read_events, read_state, update_state
 from ftlaunch.supervisor import Supervisor
 
-from .fake_trainer import install, write_checkpoint
+from .fake_trainer import configs_seen, install, write_checkpoint, write_config
 
 OOM_MSG = (
     "Traceback\n  File x, in training_step\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
@@ -47,22 +46,7 @@ def starts(tmp_path: Path) -> int:
     return int(counter.read_text()) if counter.exists() else 0
 
 
-def configs_seen(tmp_path: Path) -> list[dict]:
-    return [json.loads(x) for x in (tmp_path / "counter.configs.jsonl").read_text().splitlines()]
-
-
-def config(tmp_path: Path, **over) -> Path:
-    cfg = {
-        "stage": "sft",
-        "do_train": True,
-        "output_dir": str(tmp_path / "out"),
-        "per_device_train_batch_size": 2,
-        "gradient_accumulation_steps": 2,
-        **over,
-    }
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+config = write_config
 
 
 def cli(*args: str):
