@@ -173,7 +173,11 @@ def test_case5_torn_multibyte_and_foreign_lines_are_skipped_and_said_once(tmp_pa
     assert events and all(isinstance(e["event"], str) for e in events)
     read_events(run_dir)
     assert capsys.readouterr().err.count("skipped 4 unreadable line(s)") == 1
-    for args in (("status", run_dir.name, "--json"), ("runs", "--json")):
+    for args in (
+        ("status", run_dir.name, "--json"),
+        ("runs", "--json"),
+        ("plot", run_dir.name, "--out", str(tmp_path / "p.png")),
+    ):
         r = cli(*args)
         assert r.exit_code == 0 and "Traceback" not in r.output, r.output
 
