@@ -154,3 +154,19 @@ def test_logs_and_runs(tiny, tmp_path):
     assert runs[-1]["status"] == "succeeded" and runs[-1]["step"] == 6
     logs = ftl("logs")
     assert "ftlaunch attempt 1" in logs.stdout
+
+
+def test_a_second_train_into_a_finished_output_dir_is_refused_and_fresh_trains_for_real(tiny, tmp_path):
+    # Issue 13 case 1 with the real trainer: before, the second train auto-resumed the first run's
+    # last checkpoint, trained nothing (train_runtime ~0) and said "succeeded".
+    out = tmp_path / "out"
+    cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, out, max_steps=4, save_steps=2))
+    assert ftl("train", str(cfg), "--foreground", "--json").returncode == 0
+    again = ftl("train", str(cfg), "--foreground", "--json")
+    said = " ".join(again.stderr.split())
+    assert again.returncode == 7 and "checkpoint-4" in said and "--fresh" in said, again.stderr
+    fresh = ftl("train", str(cfg), "--foreground", "--json", "--fresh")
+    assert fresh.returncode == 0, fresh.stderr
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("out.old-")]
+    assert (aside / "checkpoint-4").is_dir() and trainer_steps(aside) == [1, 2, 3, 4]
+    assert trainer_steps(out) == [1, 2, 3, 4]  # trained again from step 1, for real
