@@ -102,10 +102,13 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
         err_console.print("simulating two optimizer steps on fake tensors (a child process; 15-40 s on 2 cores) ...")
         sim = simulate_plan(p, kw.get("model_config"))
     if as_json:
+        from .config import split_secrets
         from .launch import public_env
 
         d = p.to_dict()
         d["env"] = public_env(p.env)
+        public, secret = split_secrets(d["config"])
+        d["config"] = {**public, **dict.fromkeys(secret, "***")}  # secrets never printed
         if sim is not None:
             d["memory"] = {**(d["memory"] or {}), "simulated": sim}
         _echo_json(d)

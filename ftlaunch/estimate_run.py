@@ -251,7 +251,7 @@ def probe_throughput(
             terminate_group(proc.pid, grace=10)
         raise
     wall = clock() - t0
-    records = parse_trainer_log(tlog.read_text()) if tlog.exists() else []
+    records = parse_trainer_log(tlog.read_text(errors="replace")) if tlog.exists() else []  # torn bytes: skipped
     if rc != 0 or len([r for r in records if r.get("loss") is not None]) < 2:
         text = log_path.read_text(errors="replace")
         raise FtlaunchError(

@@ -288,8 +288,15 @@ def writable_problem(path: Path) -> str | None:
         p = p.parent
     if not p.is_dir():
         return f"{path} cannot be created: {p} is not a directory"
-    if not os.access(p, os.W_OK | os.X_OK):
-        return f"{path} is not writable ({p} is read-only for this user)"
+    # A real probe in the nearest existing folder (nothing is left behind): os.access says yes to
+    # root on a read-only mount.
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as exc:
+        return f"{path} is not writable ({p}: {exc.strerror or exc})"
     return None
 
 

@@ -67,6 +67,7 @@ def test_schedule_add_takes_every_option_train_takes():
 
     train_only = {"--foreground", "--follow", "-f", "--json", "--fresh", "--resume-existing"}
     train_only |= {"--slurm", "--nodes", "--partition", "--time", "--account", "--sbatch-arg"}  # a batch job
+    train_only |= {"--simulate", "--no-simulate"}  # a check before an interactive start
     missing = opts(main.commands["train"]) - train_only - opts(schedule_group.commands["add"])
     assert not missing, f"schedule add lacks {sorted(missing)}"
     for o in ("--mirror", "--model-config", "--params", "--headroom", "--hardware", "--name", "--no-recover"):
@@ -206,3 +207,11 @@ def test_json_output_is_strict_even_with_a_nan_loss():
     assert json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c))) == {
         "loss": "nan", "lr": "inf", "rows": [1.0, "-inf"], "ok": 0.5,
     }  # fmt: skip
+
+
+def test_plan_json_never_prints_a_secret_config_key(project):
+    r = CliRunner().invoke(
+        main, ["plan", str(project), "--gpu", "A10G", "--json", "hub_token=hf_abcdefghijklmnopqrstuvwx"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "hf_abcdefghijklmnopqrstuvwx" not in r.output and json.loads(r.output)["config"]["hub_token"] == "***"
