@@ -689,6 +689,8 @@ def resume_run(
             edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
         out = Path(state.get("output_dir") or "")
         last = prog.last_complete_checkpoint(out)
+        if overrides and last is not None:
+            _rewrite_checkpoint_lr(run_dir, env, out, last[1].name, overrides)
         # A run that gave up gets a fresh budget: the user changed something, or wants another go.
         b = dict(state.get("budget") or {})
         b.update({"oom_used": 0, "crash_used": 0, "tried": []})
@@ -700,6 +702,27 @@ def resume_run(
     if foreground:
         return "foreground", Supervisor(run_dir, env, echo=True, lock=lock).run()
     return "restarted", start_detached(run_dir, env, lock=lock)
+
+
+def _rewrite_checkpoint_lr(
+    run_dir: Path, env: Mapping[str, str], out: Path, checkpoint: str, overrides: tuple[str, ...]
+) -> None:
+    """`resume RUN learning_rate=X`: llamafactory restores the lr from the checkpoint's optimizer.pt
+    and scheduler.pt on resume (a new YAML value is silently ignored), so write it there too; the
+    original checkpoint is kept as rolledback-<name>-<time> (weights hard-linked)."""
+    from . import rollback
+    from .config import parse_overrides
+
+    lr = parse_overrides(overrides)[0].get("learning_rate")
+    if lr is None:
+        return
+    err = rollback.scale_lr(out, checkpoint, float(lr), rollback.python_of(find_trainer(env)[0]), rollback.now_stamp())
+    append_event(run_dir, "checkpoint_lr_rewritten", checkpoint=checkpoint, learning_rate=float(lr), error=err)
+    if err:
+        raise ConfigError(
+            f"learning_rate={lr} could not be written into {checkpoint} (a resume restores the old lr from it): {err}",
+            hint="resume without the learning_rate override, or start afresh with --fresh",
+        )
 
 
 def _resume_verdict(run_dir: Path, state: dict[str, Any], overrides: tuple[str, ...]) -> tuple[str, int] | None:

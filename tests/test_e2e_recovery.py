@@ -87,3 +87,25 @@ def test_config_error_is_not_retried(tiny, tmp_path):
     s = json.loads(ftl("status", "--json").stdout)
     assert s["failure_kind"] == "config_error" and s["attempt"] == 1, s
     assert "not retried" in s["message"]
+
+
+def test_resume_with_a_new_learning_rate_really_trains_at_it(tiny, tmp_path):
+    # llamafactory restores the lr from the checkpoint on resume; ftlaunch writes the new one into it.
+    out = tmp_path / "out"
+    cfg = write_yaml(
+        tmp_path / "c.yaml",
+        tiny_config(tiny, out, per_device_train_batch_size=2, max_steps=8, save_steps=2,
+                    lr_scheduler_type="constant", learning_rate=1e-3),
+    )  # fmt: skip
+    env = child_env(PYTHONPATH=INJECT, FTLAUNCH_TEST_OOM_ABOVE="1", FTLAUNCH_TEST_OOM_FROM_STEP="4")
+    assert ftl("train", str(cfg), "--foreground", "--no-recover", env=env).returncode == 1
+    run_id = json.loads(ftl("status", "--json").stdout)["id"]
+    r = ftl("resume", run_id, "--foreground", "learning_rate=2.5e-4", "per_device_train_batch_size=1",
+            "gradient_accumulation_steps=4", timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    records = [json.loads(x) for x in (out / "trainer_log.jsonl").read_text().splitlines() if '"loss"' in x]
+    before = {rec["current_steps"]: rec["lr"] for rec in records[:4]}
+    after = {rec["current_steps"]: rec["lr"] for rec in records[4:]}
+    assert set(before.values()) == {1e-3}, before
+    assert after and all(v == pytest.approx(2.5e-4) for v in after.values()), after
+    assert list(out.glob("rolledback-checkpoint-4-*")), "the original checkpoint is kept"
