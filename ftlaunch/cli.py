@@ -434,6 +434,8 @@ def _print_status(v: dict[str, Any]) -> None:
         ("last_checkpoint", "last checkpoint"),
         ("health", "health"),
         ("gpu_memory_gib", "GPU memory GiB"),
+        ("predicted_peak_gib", "GPU peak GiB predicted"),
+        ("observed_peak_gib", "GPU peak GiB observed"),
         ("output_dir", "output_dir"),
         ("run_dir", "run_dir"),
         ("message", "message"),

@@ -441,3 +441,32 @@ def gpu_memory_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml)
             nvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def gpu_peak_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml) -> float | None:
+    """GiB used by these processes on the busiest GPU (the memory model is per GPU); None when NVML
+    cannot tell (no GPU, no driver) or they hold no GPU memory."""
+    try:
+        nvml = nvml_loader()
+        nvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        per_device = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            used = sum(
+                int(proc.usedGpuMemory or 0)
+                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                if proc.pid in pids
+            )
+            per_device.append(used)
+        busiest = max(per_device, default=0)
+        return round(busiest / 2**30, 3) if busiest else None
+    except Exception:
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass

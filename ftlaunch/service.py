@@ -128,6 +128,10 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     # What worked on this card before (learned from a recovered run) wins over the first guess.
     key = config_key(loaded.values, hw.gpu_model, p.global_batch_target)
     learned = recall(env, key)
+    if chooser is not None and learned and learned.get("observed"):
+        # A run of this config on this card used more than predicted: plan with the correction.
+        chooser = make_memory_chooser(spec, ds, headroom=req.headroom, observed=learned["observed"])
+        p = plan(values, hw, options, meta=loaded.meta, memory_chooser=chooser)
     if learned and learned.get("micro_batch") and learned["micro_batch"] != p.micro_batch:
         options = PlanOptions(
             source_gpus=req.source_gpus,
@@ -242,6 +246,7 @@ def create_run(
             "budget": {"oom_max": max_retries, "crash_max": max_crash_retries, "oom_used": 0, "crash_used": 0},
             "trainer_env": dict(public_env({**p.env, **(trainer_env or {})})),
             "memory_key": config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target),
+            "predicted_peak_gib": (p.memory or {}).get("peak_gib") if p.hardware.gpus else None,
             **dict(extra_state or {}),
         }
         write_json_atomic(tmp / "state.json", state)
@@ -481,6 +486,8 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         "health": (state.get("health") or {}).get("health"),
         "diverged": state.get("diverged"),
         "gpu_memory_gib": gpu_gib,
+        "predicted_peak_gib": state.get("predicted_peak_gib"),
+        "observed_peak_gib": state.get("observed_peak_gib"),
         "slurm_job_id": state.get("slurm_job_id"),
         "slurm_state": slurm_state,
         **cost,

@@ -27,9 +27,10 @@ import yaml
 from . import progress as prog
 from .config import dump_yaml, read_header
 from .errors import BusyError, ExitCode, FtlaunchError
+from .hardware import gpu_peak_of
 from .launch import find_trainer, redact, trainer_command, trainer_env
 from .locks import try_flock
-from .memory_store import remember
+from .memory_store import remember, remember_observed
 from .procs import start_time
 from .recovery import ZERO3_OFFLOAD, Budget, Exit, classify, decide
 from .rollback import HealthWatch
@@ -128,6 +129,8 @@ class Supervisor:
         spawn: Callable[..., subprocess.Popen] = subprocess.Popen,
         lock: IO[str] | None = None,
         read_kernel_log: Callable[[], str] | None = None,
+        gpu_sampler: Callable[[set[int]], float | None] | None = None,
+        sample_every: float = 5.0,
     ):
         self.run_dir = run_dir
         self.env = dict(env)
@@ -143,6 +146,10 @@ class Supervisor:
         # run is then never without it, so no second start can slip in between (races, issue 13).
         self.lock = lock
         self.read_kernel_log = read_kernel_log or kernel_log
+        # GPU memory the trainer's processes really use (NVML), beside the plan's prediction.
+        self.gpu_sampler = gpu_sampler or gpu_peak_of
+        self.sample_every = sample_every
+        self.observed_peak: float | None = None
 
     # signal handlers record only
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -323,8 +330,31 @@ class Supervisor:
         append_event(self.run_dir, status.value, message=message, exit_code=code)
         if status is RunStatus.SUCCEEDED and state.get("memory_key") and state.get("recovered_batch"):
             remember(self.env, state["memory_key"], values, reason=f"run {self.run_dir.name}")
+        if state.get("memory_key") and state.get("observed_peak_gib") and state.get("predicted_peak_gib"):
+            remember_observed(
+                self.env,
+                state["memory_key"],
+                observed_peak_gib=float(state["observed_peak_gib"]),
+                predicted_peak_gib=float(state["predicted_peak_gib"]),
+                micro_batch=int(values.get("per_device_train_batch_size") or 1),
+            )
         self._say(f"ftlaunch: run {self.run_dir.name} {status.value}: {message}")
         return code
+
+    def _sample_gpu(self, pid: int) -> None:
+        """Keep the largest GPU memory the trainer's process tree was seen to use (per GPU)."""
+        if not read_state(self.run_dir).get("gpu_count"):
+            return
+        try:
+            import psutil
+
+            pids = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
+        except Exception:
+            pids = {pid}
+        used = self.gpu_sampler(pids)
+        if used is not None and (self.observed_peak is None or used > self.observed_peak):
+            self.observed_peak = used
+            update_state(self.run_dir, observed_peak_gib=round(used, 3))
 
     def _say(self, text: str) -> None:
         with open(self.run_dir / "train.log", "a") as f:
@@ -384,6 +414,7 @@ class Supervisor:
         terminating_since: float | None = None
         records: list[dict] = []
         next_update = 0.0
+        next_sample = self.clock() + min(1.0, self.sample_every)
         while True:
             rc = trainer.poll()
             halt = self.stop_signal is not None or (self.watch is not None and self.watch.halt)
@@ -429,6 +460,9 @@ class Supervisor:
                             **more,
                         )
                         next_update = self.clock() + 1.0
+            if self.clock() >= next_sample and rc is None:
+                self._sample_gpu(trainer.pid)
+                next_sample = self.clock() + self.sample_every
             latest = prog.checkpoint_dirs(out)
             if latest and latest[-1][0] > last_ckpt and not prog.checkpoint_problems(latest[-1][1], weights_only):
                 last_ckpt = latest[-1][0]
