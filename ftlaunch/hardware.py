@@ -419,21 +419,20 @@ def probe(
     )
 
 
-def gpu_memory_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml) -> float | None:
-    """GiB of GPU memory used by these processes, per NVML; None when NVML cannot tell."""
+def _usage_per_device(pids: set[int], nvml_loader: Callable[[], Any]) -> list[int] | None:
+    """Bytes these processes use on each GPU, per NVML; None when NVML cannot tell."""
     try:
         nvml = nvml_loader()
         nvml.nvmlInit()
     except Exception:
         return None
     try:
-        used = 0
+        out = []
         for i in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if proc.pid in pids and proc.usedGpuMemory:
-                    used += int(proc.usedGpuMemory)
-        return round(used / 2**30, 2)
+            procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            out.append(sum(int(proc.usedGpuMemory or 0) for proc in procs if proc.pid in pids))
+        return out
     except Exception:
         return None
     finally:
@@ -441,32 +440,16 @@ def gpu_memory_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml)
             nvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def gpu_memory_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml) -> float | None:
+    """GiB of GPU memory used by these processes, all GPUs together, per NVML; None when NVML cannot tell."""
+    used = _usage_per_device(pids, nvml_loader)
+    return None if used is None else round(sum(used) / 2**30, 2)
 
 
 def gpu_peak_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml) -> float | None:
     """GiB used by these processes on the busiest GPU (the memory model is per GPU); None when NVML
     cannot tell (no GPU, no driver) or they hold no GPU memory."""
-    try:
-        nvml = nvml_loader()
-        nvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        per_device = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            used = sum(
-                int(proc.usedGpuMemory or 0)
-                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                if proc.pid in pids
-            )
-            per_device.append(used)
-        busiest = max(per_device, default=0)
-        return round(busiest / 2**30, 3) if busiest else None
-    except Exception:
-        return None
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
+    busiest = max(_usage_per_device(pids, nvml_loader) or [], default=0)
+    return round(busiest / 2**30, 3) if busiest else None

@@ -209,7 +209,7 @@ def test_json_output_is_strict_even_with_a_nan_loss():
     }  # fmt: skip
 
 
-def test_plan_json_never_prints_a_secret_config_key(project):
+def test_plan_json_never_prints_a_secret_config_key(project):  # noqa: F811
     r = CliRunner().invoke(
         main, ["plan", str(project), "--gpu", "A10G", "--json", "hub_token=hf_abcdefghijklmnopqrstuvwx"]
     )
