@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterable
 from typing import IO, Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -224,10 +225,13 @@ def alternatives_table(alternatives: list[dict[str, Any]]) -> Table:
 
 def runs_table(rows: list[dict[str, Any]]) -> Table:
     """`ftlaunch runs`: the id column is never cut; name and output_dir wrap instead."""
-    t = Table(title=f"{len(rows)} run(s)")
+    # Light borders: at 80 columns every column keeps room; name and output_dir wrap first.
+    t = Table(title=f"{len(rows)} run(s)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     add_id_column(t, "id", [r["id"] for r in rows])
-    for col in ("name", "status", "attempt", "progress", "loss", "started", "output_dir"):
-        t.add_column(col, overflow="fold")
+    t.add_column("name", overflow="fold", min_width=6)
+    for col, width in (("status", 7), ("try", 3), ("progress", 5), ("loss", 6), ("started UTC", 11)):
+        t.add_column(col, overflow="fold", min_width=width)
+    t.add_column("output_dir", overflow="fold", min_width=10)
     for r in rows:
         prog = f"{r.get('step')}/{r.get('total_steps')}" if r.get("total_steps") else "-"
         loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-"
@@ -238,7 +242,7 @@ def runs_table(rows: list[dict[str, Any]]) -> Table:
             str(r.get("attempt") or "-"),
             prog,
             loss,
-            str(r.get("created") or "-"),
+            str(r.get("created") or "-")[5:16].replace("T", " ") or "-",  # MM-DD HH:MM
             str(r.get("output_dir") or "-"),
         )
     return t
