@@ -113,13 +113,17 @@ def test_two_nodes_signal_requeue_resume_to_the_end(cluster):
     restarts = [e.get("slurm_restart_count") for e in events(run_dir) if e["event"] == "slurm_job_started"]
     assert restarts == ["0", "1"]
 
-    # The step count is continuous: the second start resumed after the last complete checkpoint.
-    steps = [
-        json.loads(line)["current_steps"] for line in (cluster["out"] / "trainer_log.jsonl").read_text().splitlines()
-    ]
+    # The step count is continuous: the second start resumed from the last complete checkpoint
+    # written before the signal, and every step 1..30 was trained.
+    evs = events(run_dir)
+    signal_at = next(i for i, e in enumerate(evs) if e["event"] == "slurm_signal")
+    saved = [e["step"] for e in evs[:signal_at] if e["event"] == "checkpoint"]
+    second = [e for e in evs if e["event"] == "attempt_started"][1]
+    assert saved and second["resume_from"] == f"checkpoint-{max(saved)}", (saved, second)
+    lines = (cluster["out"] / "trainer_log.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["current_steps"] for line in lines]
     assert set(steps) == set(range(1, 31))
-    back = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
-    assert steps[back] - 1 == max(s for s in steps[:back] if s % 5 == 0), steps
+    assert steps[-(30 - max(saved)) :] == list(range(max(saved) + 1, 31))  # the resumed attempt's steps
     # Every node got the rendezvous from the allocation, both times.
     nodes = [json.loads(line) for line in (cluster["out"].parent / "nodes.jsonl").read_text().splitlines()]
     assert len(nodes) == 4 and sorted(n["NODE_RANK"] for n in nodes) == ["0", "0", "1", "1"]

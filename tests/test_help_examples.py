@@ -3,8 +3,9 @@
 The sandbox is what a user's project looks like: `cfg.yaml` (the tiny local model), the upstream
 `examples/` folder, a run named `nightly`. The trainer is the scripted fake (tests/fake_trainer.py),
 except for `estimate`, which tokenizes and probes with the real llamafactory-cli. The hub is a real
-HTTP server (tests/fakehub.py) that HF_ENDPOINT points at; the only rewrites of an example are the
-ones that would reach the internet (`--mirror hf-mirror`) or name a run id that cannot exist here.
+HTTP server (tests/fakehub.py) that HF_ENDPOINT points at; Slurm is tests/slurm/fakeslurm.py. The
+only rewrites of an example are the ones that would reach the internet (`--mirror hf-mirror`) or
+name a run id that cannot exist here.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .fakehub import FakeHub
 from .test_docs import all_commands
 
 pytestmark = pytest.mark.e2e
+SLURM = ROOT / "tests" / "slurm" / "fakeslurm.py"
 
 # Commands in the order a user meets them (examples of later ones refer to runs made by earlier ones).
 ORDER = [
@@ -95,6 +97,10 @@ def sandbox(tiny, tmp_path):
         f'  -) cat > "{tab}" ;;\nesac\n'
     )
     crontab.chmod(0o755)
+    for name in ("sbatch", "srun", "squeue", "sacct", "scancel", "scontrol"):  # Slurm stand-ins
+        f = bindir / name
+        f.write_text(f'#!/bin/sh\nFAKE_SLURM_COMMAND={name} exec {sys.executable} {SLURM} "$@"\n')
+        f.chmod(0o755)
     model = {p.name: p.read_bytes() for p in (tiny / "model").iterdir() if p.is_file()}
     data = {"data/train.json": (tiny / "data" / "alpaca_tiny.json").read_bytes()}
     with FakeHub(repos={"Qwen/Qwen2.5-1.5B-Instruct": model}, datasets={"tatsu-lab/alpaca": data}) as hub:
@@ -106,6 +112,8 @@ def sandbox(tiny, tmp_path):
             FTLAUNCH_LLAMAFACTORY_CLI=str(fake),
             FAKE_TRAINER_COUNTER=str(tmp_path / "counter"),
             FAKE_TRAINER_SCRIPT=json.dumps([{"ok": True, "steps": 4}]),
+            FAKE_SLURM_DIR=str(tmp_path / "slurm-jobs"),
+            FAKE_SLURM_QUEUE_SECONDS="0.2",
         )
         yield {"root": root, "env": env, "hub": hub}
 
