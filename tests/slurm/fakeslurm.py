@@ -6,7 +6,8 @@ the command). Jobs live in $FAKE_SLURM_DIR/<id>.json. `sbatch` starts a detached
 the batch script with the SLURM_* variables of an N-node allocation on 127.0.0.1..127.0.0.N,
 output appended to --output; `srun` starts one copy of its command per node with SLURM_NODEID set,
 so two "nodes" are two processes. FAKE_SLURM_SIGNAL_AFTER=S sends the batch step the signal of
-`--signal=B:SIG@N` S seconds after the first start (a time limit reached early); `scontrol requeue`
+`--signal=B:SIG@N` S seconds after the first start (a time limit reached early), or
+FAKE_SLURM_SIGNAL_WHEN=PATH once PATH exists (deterministic under load); `scontrol requeue`
 makes the runner run the script again once it exits, with SLURM_RESTART_COUNT + 1.
 """
 
@@ -77,6 +78,7 @@ def runner(job: str) -> int:
     time.sleep(float(os.environ.get("FAKE_SLURM_QUEUE_SECONDS", "0.5")))  # PENDING for a moment
     sig_spec = re.match(r"B:(\w+)@(\d+)", d.get("signal", ""))
     signal_after = os.environ.get("FAKE_SLURM_SIGNAL_AFTER")
+    signal_when = os.environ.get("FAKE_SLURM_SIGNAL_WHEN")  # ... or once this path exists
     restarts = 0
     while True:
         data = update(job, state="RUNNING", requeue=False)
@@ -91,6 +93,7 @@ def runner(job: str) -> int:
             SLURM_SUBMIT_DIR=os.getcwd(),
         )
         env.pop("FAKE_SLURM_SIGNAL_AFTER", None)
+        env.pop("FAKE_SLURM_SIGNAL_WHEN", None)
         out = d.get("output") or str(jobs_dir() / f"slurm-{job}.out")
         mode = "ab" if d.get("open-mode") == "append" else "wb"
         with open(out, mode) as f:
@@ -99,8 +102,9 @@ def runner(job: str) -> int:
         start = time.monotonic()
         signalled = False
         while proc.poll() is None:
-            if sig_spec and signal_after and restarts == 0 and not signalled:
-                if time.monotonic() - start >= float(signal_after):
+            if sig_spec and (signal_after or signal_when) and restarts == 0 and not signalled:
+                due = signal_when and Path(signal_when).exists()
+                if due or (signal_after and time.monotonic() - start >= float(signal_after)):
                     os.kill(proc.pid, getattr(signal, "SIG" + sig_spec.group(1)))  # B: the batch shell only
                     signalled = True
             if load(job).get("cancel"):
