@@ -65,6 +65,11 @@ _Loader.add_implicit_resolver(
 )
 
 
+# OmegaConf (what llamafactory merges with) keeps a YAML timestamp as its text: `run_name: 2024-01-01`
+# reaches the trainer as the string "2024-01-01", never a date.
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node))
+
+
 @dataclass(frozen=True)
 class LoadedConfig:
     """A merged config plus what we learnt while loading it."""

@@ -88,3 +88,11 @@ def test_known_keys_cover_the_corpus_examples():
         data = yaml.safe_load(path.read_text())
         unknown = set(data) - set(keys)
         assert not unknown, f"{path}: {unknown}"
+
+
+def test_a_date_like_value_stays_text_as_omegaconf_keeps_it(tmp_path):
+    # llamafactory merges with OmegaConf, which gives the trainer "2024-01-01", not a date.
+    (tmp_path / "c.yaml").write_text("stage: sft\nrun_name: 2024-01-01\nlearning_rate: 1e-5\n")
+    loaded = load_config("c.yaml", ("output_dir=2025-02-03",), cwd=tmp_path)
+    assert loaded.values["run_name"] == "2024-01-01" and loaded.values["output_dir"] == "2025-02-03"
+    assert loaded.values["learning_rate"] == 1e-5
