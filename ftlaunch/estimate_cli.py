@@ -88,7 +88,6 @@ def estimate_cmd(
       ftlaunch estimate cfg.yaml --probe-steps 30 num_train_epochs=2
       ftlaunch estimate cfg.yaml --gpu V100-32GB --gpu A100-80GB --gpu H100-80GBx8 --price A100-80GB=1.9
     """
-    from . import estimate as est
     from . import estimate_run
     from .compare import parse_prices
     from .runstore import home
@@ -133,36 +132,12 @@ def estimate_cmd(
     )
     _, p = make_plan(req, env)
     values = dict(p.config)
-    scratch = home(env) / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))
-    _say("counting tokens with llamafactory's own preprocessing ...")
-    stats = estimate_run.count_tokens(values, env, work)  # on failure the log stays in `work` (named in the hint)
-    shutil.rmtree(work, ignore_errors=True)
+    stats = _count_tokens(values, env, "counting tokens with llamafactory's own preprocessing ...")
     probe = None
     if probe_steps:
         _say(f"probing: {warmup_steps} warm-up + {probe_steps} measured steps in a scratch output_dir ...")
         probe = estimate_run.probe_throughput(values, env, probe_steps, warmup_steps, plan_env=p.env)
-    facts = _model_facts(values, p, req)
-    result = est.build_estimate(
-        stats,
-        micro_batch=p.micro_batch,
-        accumulation=p.accumulation,
-        world_size=p.world_size,
-        gpus=p.hardware.gpu_count,
-        values=values,
-        probe=probe,
-        shape=facts["shape"],
-        peak_tflops_per_gpu=facts["peak"],
-        checkpointing_off_fits=facts["ckpt_off_fits"],
-        checkpointing_off_note=facts["ckpt_off_note"],
-        extra={
-            "hardware": p.hardware.describe(),
-            "precision": p.precision,
-            "memory": dict(p.memory) if p.memory else None,
-            "plan_warnings": list(p.warnings),
-        },
-    )
+    result = _estimate_for(p, req, stats, probe=probe)
     out = result.to_dict()
     if price_table and result.time.gpu_hours:
         from .compare import price_for
@@ -179,6 +154,46 @@ def estimate_cmd(
         _render(out)
 
 
+def _count_tokens(values: Mapping[str, Any], env: Mapping[str, str], say: str) -> Any:
+    """Exact token counts in a scratch folder under FTLAUNCH_HOME (kept, with its log, on failure)."""
+    from . import estimate_run
+    from .runstore import home
+
+    scratch = home(env) / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))
+    _say(say)
+    stats = estimate_run.count_tokens(values, env, work)  # on failure the log stays in `work` (named in the hint)
+    shutil.rmtree(work, ignore_errors=True)
+    return stats
+
+
+def _estimate_for(p: Any, req: Any, stats: Any, probe: Any = None) -> Any:
+    """The estimate of one plan: its batch, the model's shape and the card's peak (or a probe)."""
+    from . import estimate as est
+
+    facts = _model_facts(p.config, p, req)
+    return est.build_estimate(
+        stats,
+        micro_batch=p.micro_batch,
+        accumulation=p.accumulation,
+        world_size=p.world_size,
+        gpus=p.hardware.gpu_count,
+        values=dict(p.config),
+        probe=probe,
+        shape=facts["shape"],
+        peak_tflops_per_gpu=facts["peak"],
+        checkpointing_off_fits=facts["ckpt_off_fits"],
+        checkpointing_off_note=facts["ckpt_off_note"],
+        extra={
+            "hardware": p.hardware.describe(),
+            "precision": p.precision,
+            "memory": dict(p.memory) if p.memory else None,
+            "plan_warnings": list(p.warnings),
+        },
+    )
+
+
 def _compare(
     machines: Sequence[tuple[str, str]],
     common: Mapping[str, Any],
@@ -186,10 +201,8 @@ def _compare(
     env: Mapping[str, str],
 ) -> dict[str, Any]:
     """Plan and estimate each machine; count the tokens once (they do not depend on the machine)."""
-    from . import compare, estimate_run
-    from . import estimate as est
+    from . import compare
     from .errors import DoesNotFitError
-    from .runstore import home
     from .service import PlanRequest, get_hardware, make_plan
 
     stats = None
@@ -202,25 +215,11 @@ def _compare(
             hw = get_hardware(req, env)
             rows.append(compare.row_from_refusal(value, hw.gpu_model, hw.gpu_count, exc.message, exc.alternatives))
             continue
-        values = dict(p.config)
         if stats is None:
-            scratch = home(env) / "scratch"
-            scratch.mkdir(parents=True, exist_ok=True)
-            work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))
-            _say("counting tokens with llamafactory's own preprocessing (once for all machines) ...")
-            stats = estimate_run.count_tokens(values, env, work)
-            shutil.rmtree(work, ignore_errors=True)
-        facts = _model_facts(values, p, req)
-        result = est.build_estimate(
-            stats,
-            micro_batch=p.micro_batch,
-            accumulation=p.accumulation,
-            world_size=p.world_size,
-            gpus=p.hardware.gpu_count,
-            values=values,
-            shape=facts["shape"],
-            peak_tflops_per_gpu=facts["peak"],
-        )
+            stats = _count_tokens(
+                dict(p.config), env, "counting tokens with llamafactory's own preprocessing (once for all machines) ..."
+            )
+        result = _estimate_for(p, req, stats)
         planned = {
             **p.to_dict(),
             "precision": p.precision,
