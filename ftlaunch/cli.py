@@ -131,26 +131,16 @@ def _simulation_line(sim: dict[str, Any]) -> str:
 
 
 def _simulate_if_tight(p: Any, simulate: bool | None, model_config: str | None) -> Any:
-    """`train`: a tight plan is checked on fake tensors first (unless --no-simulate); the result
-    goes into the plan (plan.json) and, when it exceeds the card, a warning (the OOM ladder stands by)."""
-    from dataclasses import replace
+    """`train`: a tight plan is checked on fake tensors first (unless --no-simulate)."""
+    from .memplan import simulate_plan, simulation_wanted, with_simulation
 
-    verdict = (p.memory or {}).get("verdict")
-    if simulate is False or (simulate is None and verdict != "tight"):
+    if not simulation_wanted(p, simulate):
         return p
-    from .memplan import simulate_plan
-
+    verdict = (p.memory or {}).get("verdict")
     err_console.print(f"plan is {verdict}: simulating two optimizer steps on fake tensors first (--no-simulate skips)")
     sim = simulate_plan(p, model_config)
     err_console.print(_simulation_line(sim), highlight=False)
-    warnings = list(p.warnings)
-    capacity = (p.memory or {}).get("capacity_gib")
-    if sim.get("simulated_peak_gib") and capacity and sim["simulated_peak_gib"] > capacity:
-        warnings.append(
-            f"the simulator puts the peak at {sim['simulated_peak_gib']:.2f} GiB, above the card's {capacity:.2f} GiB: "
-            "expect an OOM; recovery will step the micro-batch down (global batch kept)"
-        )
-    return replace(p, memory={**(p.memory or {}), "simulated": sim}, warnings=tuple(warnings))
+    return with_simulation(p, sim)
 
 
 @main.command()

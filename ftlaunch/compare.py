@@ -40,7 +40,7 @@ def _norm(text: str) -> str:
 
 def price_for(machine: str, gpu_name: str | None, prices: Mapping[str, float]) -> float | None:
     """The price whose card name matches this machine's catalog name or GPU name (longest match)."""
-    keys = [_norm(machine.split("x")[0] if "x" in machine else machine), _norm(gpu_name or "")]
+    keys = [_norm(re.sub(r"x\d+$", "", machine)), _norm(gpu_name or "")]  # "A100-80GBx4" -> the card
     best: tuple[int, float] | None = None
     for card, price in prices.items():
         c = _norm(card)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import click
 from .cli_options import compare_options, env_now
 from .errors import FtlaunchError
 from .render import to_json
+from .run_options import RunOptions
 
 
 def _say(text: str) -> None:
@@ -91,7 +93,7 @@ def estimate_cmd(
     from . import estimate_run
     from .compare import parse_prices
     from .runstore import home
-    from .service import PlanRequest, make_plan
+    from .service import make_plan
 
     if probe_steps and (gpu or hardware_file):
         raise click.UsageError("--probe-steps measures this machine; it cannot be combined with --gpu or --hardware")
@@ -101,35 +103,18 @@ def estimate_cmd(
         raise click.BadParameter(str(exc), param_hint="--price") from None
     machines = [("gpu", g) for g in gpu] + [("hardware_file", h) for h in hardware_file]
     env = env_now()
+    base = RunOptions(
+        source_gpus=source_gpus, global_batch=global_batch, headroom=headroom, params=params, model_config=model_config
+    )
     if len(machines) > 1:
-        common = dict(
-            config=config,
-            overrides=tuple(overrides),
-            source_gpus=source_gpus,
-            global_batch=global_batch,
-            headroom=headroom,
-            params=params,
-            model_config=model_config,
-            strict_files=True,
-        )
-        out = _compare(machines, common, price_table, env)
+        out = _compare(config, overrides, machines, base, price_table, env)
         if as_json:
             click.echo(to_json(out))
         else:
             _render_comparison(out)
         return
-    req = PlanRequest(
-        config=config,
-        overrides=tuple(overrides),
-        gpu=gpu[0] if gpu else None,
-        hardware_file=hardware_file[0] if hardware_file else None,
-        source_gpus=source_gpus,
-        global_batch=global_batch,
-        headroom=headroom,
-        params=params,
-        model_config=model_config,
-        strict_files=True,
-    )
+    one = replace(base, **dict(machines))
+    req = one.plan_request(config, overrides, strict=True)
     _, p = make_plan(req, env)
     values = dict(p.config)
     stats = _count_tokens(values, env, "counting tokens with llamafactory's own preprocessing ...")
@@ -195,20 +180,22 @@ def _estimate_for(p: Any, req: Any, stats: Any, probe: Any = None) -> Any:
 
 
 def _compare(
+    config: str,
+    overrides: Sequence[str],
     machines: Sequence[tuple[str, str]],
-    common: Mapping[str, Any],
+    base: RunOptions,
     prices: Mapping[str, float],
     env: Mapping[str, str],
 ) -> dict[str, Any]:
     """Plan and estimate each machine; count the tokens once (they do not depend on the machine)."""
     from . import compare
     from .errors import DoesNotFitError
-    from .service import PlanRequest, get_hardware, make_plan
+    from .service import get_hardware, make_plan
 
     stats = None
     rows = []
     for kind, value in machines:
-        req = PlanRequest(**common, **{kind: value})
+        req = replace(base, **{kind: value}).plan_request(config, overrides, strict=True)
         try:
             _, p = make_plan(req, env)
         except DoesNotFitError as exc:

@@ -160,6 +160,26 @@ def simulate_plan(plan: Any, model_config: str | None = None, *, python: str | N
     return out
 
 
+def simulation_wanted(plan: Any, simulate: bool | None) -> bool:
+    """`train` simulates when asked, or by itself when the verdict is tight (None). Pure."""
+    return simulate is True or (simulate is None and (plan.memory or {}).get("verdict") == "tight")
+
+
+def with_simulation(plan: Any, sim: Mapping[str, Any]) -> Any:
+    """The plan with the simulator's result in its memory (plan.json) and, when the simulated peak
+    exceeds the card, a warning (the OOM ladder stands by). Pure."""
+    from dataclasses import replace
+
+    warnings = list(plan.warnings)
+    capacity = (plan.memory or {}).get("capacity_gib")
+    if sim.get("simulated_peak_gib") and capacity and sim["simulated_peak_gib"] > capacity:
+        warnings.append(
+            f"the simulator puts the peak at {sim['simulated_peak_gib']:.2f} GiB, above the card's {capacity:.2f} GiB: "
+            "expect an OOM; recovery will step the micro-batch down (global batch kept)"
+        )
+    return replace(plan, memory={**(plan.memory or {}), "simulated": dict(sim)}, warnings=tuple(warnings))
+
+
 def make_memory_chooser(
     spec: Any,
     deepspeed_config: Mapping[str, Any] | None,

@@ -6,7 +6,7 @@ run settings from one `RunOptions` value, so an option added here reaches both.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,6 @@ class RunOptions:
 
     def absolute(self, cwd: str | Path) -> RunOptions:
         """File options made absolute, for a record replayed later from another directory (cron)."""
-        from dataclasses import replace
 
         def ab(p: str | None) -> str | None:
             return None if p is None else str(Path(cwd, p).absolute())
@@ -57,21 +56,15 @@ class RunOptions:
         """The planner's request: `strict` is train (missing files are errors, weights downloaded)."""
         from .service import PlanRequest
 
+        # The planner's own fields are named alike here: pass on every one this value holds.
+        shared = {f.name: getattr(self, f.name) for f in fields(PlanRequest) if hasattr(self, f.name)}
         return PlanRequest(
             config=config,
             overrides=tuple(overrides),
-            gpu=self.gpu,
-            hardware_file=self.hardware_file,
-            source_gpus=self.source_gpus,
-            global_batch=self.global_batch,
-            headroom=self.headroom,
-            params=self.params,
-            model_config=self.model_config,
-            host_ram_gib=self.host_ram_gib,
-            mirror=self.mirror,
             download_weights=strict and self.mirror is not None,
             strict_files=strict,
             cwd=cwd,
+            **shared,
         )
 
     def supervisor_settings(self) -> dict[str, Any]:

@@ -62,7 +62,7 @@ class PlanRequest:
     headroom: float = 0.12
     params: str | None = None
     model_config: str | None = None
-    host_ram_gib: float | None = None  # what-if host RAM (offload planning); default: this machine's
+    host_ram_gib: float | None = None  # host RAM to plan offload with; default: the probed machine's
     strict_files: bool = False  # train: a missing dataset is an error, plan: a warning
     mirror: str | None = None  # download from the hub first: None = no, "auto" or a name/URL
     download_weights: bool = False  # train: the whole snapshot; plan: config.json only

@@ -20,8 +20,9 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, FtlaunchError, TrainerError
@@ -54,7 +55,6 @@ class JobFiles:
 
     script: str  # job.sbatch
     trainer: str  # srun-trainer.sh
-    notes: tuple[str, ...] = field(default=())
 
 
 def _sbatch_line(arg: str) -> str:
@@ -225,6 +225,4 @@ def slurm_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def this_python() -> str:
-    import sys
-
     return os.path.abspath(sys.executable)

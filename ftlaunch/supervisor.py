@@ -343,8 +343,6 @@ class Supervisor:
 
     def _sample_gpu(self, pid: int) -> None:
         """Keep the largest GPU memory the trainer's process tree was seen to use (per GPU)."""
-        if not read_state(self.run_dir).get("gpu_count"):
-            return
         try:
             import psutil
 
@@ -415,6 +413,7 @@ class Supervisor:
         records: list[dict] = []
         next_update = 0.0
         next_sample = self.clock() + min(1.0, self.sample_every)
+        on_gpu = bool(state.get("gpu_count"))  # the plan's machine: NVML is asked only when it has GPUs
         while True:
             rc = trainer.poll()
             halt = self.stop_signal is not None or (self.watch is not None and self.watch.halt)
@@ -460,7 +459,7 @@ class Supervisor:
                             **more,
                         )
                         next_update = self.clock() + 1.0
-            if self.clock() >= next_sample and rc is None:
+            if on_gpu and self.clock() >= next_sample and rc is None:
                 self._sample_gpu(trainer.pid)
                 next_sample = self.clock() + self.sample_every
             latest = prog.checkpoint_dirs(out)
