@@ -1,5 +1,5 @@
 """`python -m ftlaunch`: the command line."""
 
-from .cli import main
+from ftlaunch.cli.main import main
 
 main()

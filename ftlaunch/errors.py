@@ -1,6 +1,6 @@
 """The one error hierarchy of ftlaunch: every error carries an exit code and a hint.
 
-Exit codes are mapped to the process only in the CLI (``ftlaunch.cli``). Usage errors stay at 2
+Exit codes are mapped to the process only in the CLI (``ftlaunch.cli.main``). Usage errors stay at 2
 (click's own). Each failure kind has its own code so scripts can tell them apart.
 """
 

@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ftlaunch import health
-from ftlaunch import progress as prog
-from ftlaunch.rollback import HealthWatch
+from ftlaunch.run import health
+from ftlaunch.run import progress as prog
+from ftlaunch.run.rollback import HealthWatch
 
 
 def records(n: int) -> list[dict]:
@@ -140,8 +140,8 @@ def real(steps: int, rounds: int = 2) -> None:
     import subprocess
     import sys
 
-    import ftlaunch.supervisor as sup_mod
-    from ftlaunch.service import PlanRequest, create_run, make_plan
+    import ftlaunch.run.supervisor as sup_mod
+    from ftlaunch.run.service import PlanRequest, create_run, make_plan
 
     root = Path(__file__).resolve().parent.parent
     work = Path(tempfile.mkdtemp(prefix="ftl-bench-health-"))

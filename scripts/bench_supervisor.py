@@ -83,8 +83,8 @@ def main() -> None:
     )
 
     # 1. supervisor CPU share: run the supervisor in this process, the trainer is its child.
-    from ftlaunch.service import PlanRequest, create_run, make_plan
-    from ftlaunch.supervisor import Supervisor
+    from ftlaunch.run.service import PlanRequest, create_run, make_plan
+    from ftlaunch.run.supervisor import Supervisor
 
     os.environ.update(env)
     cfg = write(work / "a.yaml", config(tiny, work / "out-a", args.steps))

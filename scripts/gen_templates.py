@@ -26,10 +26,10 @@ PAIRS = [
 
 
 def render(name: str, card: str, model_config: str) -> str:
-    from ftlaunch.config import HEADER_MARK, dump_yaml
     from ftlaunch.errors import DoesNotFitError
-    from ftlaunch.planner import REMOVED
-    from ftlaunch.service import PlanRequest, make_plan
+    from ftlaunch.plan.config import HEADER_MARK, dump_yaml
+    from ftlaunch.plan.planner import REMOVED
+    from ftlaunch.run.service import PlanRequest, make_plan
 
     req = PlanRequest(
         config=f"cluster/{name}.yaml",

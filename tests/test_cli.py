@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from ftlaunch.cli import main
+from ftlaunch.cli.main import main
 
 from .conftest import EXAMPLES
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftlaunch import compare
+from ftlaunch.estimate import compare
 
 
 def test_parse_prices_and_bad_items():
@@ -69,7 +69,7 @@ def test_rows_cost_and_order():
 def test_a_bad_price_is_a_usage_error_naming_the_option():
     from click.testing import CliRunner
 
-    from ftlaunch.cli import main
+    from ftlaunch.cli.main import main
 
     r = CliRunner().invoke(main, ["estimate", "cfg.yaml", "--gpu", "T4", "--gpu", "A10G", "--price", "A100"])
     assert r.exit_code == 2 and "--price" in r.output and "CARD=PRICE" in r.output

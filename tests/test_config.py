@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftlaunch.config import dump_yaml, known_keys, load_config, parse_value, read_header, resolve_paths
 from ftlaunch.errors import ConfigError
+from ftlaunch.plan.config import dump_yaml, known_keys, load_config, parse_value, read_header, resolve_paths
 
 from .conftest import EXAMPLES
 

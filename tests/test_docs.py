@@ -8,7 +8,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from ftlaunch.cli import main
+from ftlaunch.cli.main import main
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

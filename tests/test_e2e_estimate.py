@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch import estimate_run as est_run
-from ftlaunch import padding as est_pad
+from ftlaunch.estimate import padding as est_pad
+from ftlaunch.estimate import probe as est_run
 
 from .conftest import tiny_config, venv_bin, write_yaml
 
@@ -220,7 +220,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_plot_draws_a_real_runs_log_with_a_restart(full, tmp_path):
-    from ftlaunch.runstore import STATE_VERSION, append_event, write_json_atomic
+    from ftlaunch.run.store import STATE_VERSION, append_event, write_json_atomic
 
     env = full["env"]
     records = (full["out"] / "trainer_log.jsonl").read_text().splitlines()

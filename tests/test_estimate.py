@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ftlaunch import estimate as est
-from ftlaunch import estimate_run as est_run
-from ftlaunch import padding as est_pad
-from ftlaunch import throughput as est_tp
-from ftlaunch.estimate_cli import estimate_cmd, plot_cmd
+from ftlaunch.cli.estimate import estimate_cmd, plot_cmd
+from ftlaunch.estimate import core as est
+from ftlaunch.estimate import padding as est_pad
+from ftlaunch.estimate import probe as est_run
+from ftlaunch.estimate import throughput as est_tp
 
 
 def stats_of(lengths, *, cutoff=64, packing=False, raw=None, rows=None, labels=None, stage="sft", **kw):
@@ -500,7 +500,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_plot_draws_loss_and_throughput_with_restarts(tmp_path, isolated_home):
-    from ftlaunch.runstore import STATE_VERSION, append_event, write_json_atomic
+    from ftlaunch.run.store import STATE_VERSION, append_event, write_json_atomic
 
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -532,7 +532,7 @@ def test_plot_draws_loss_and_throughput_with_restarts(tmp_path, isolated_home):
 
 def test_importing_the_commands_stays_light():
     code = (
-        "import sys, ftlaunch.cli, ftlaunch.estimate_cli, ftlaunch.estimate, ftlaunch.estimate_run\n"
+        "import sys, ftlaunch.cli.main, ftlaunch.cli.estimate, ftlaunch.estimate.core, ftlaunch.estimate.probe\n"
         "heavy = [m for m in ('matplotlib', 'torch', 'transformers', 'datasets', 'llamafactory') if m in sys.modules]\n"
         "print(heavy)"
     )

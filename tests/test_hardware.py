@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from ftlaunch.errors import HardwareError
-from ftlaunch.hardware import (
+from ftlaunch.plan.hardware import (
     Hardware,
     catalog_hardware,
     filter_visible,
@@ -156,7 +156,7 @@ def test_hardware_file_round_trip(tmp_path):
 
 
 def test_gpu_memory_of_sums_the_runs_processes():
-    from ftlaunch.hardware import gpu_memory_of
+    from ftlaunch.plan.hardware import gpu_memory_of
 
     class Nv(FakeNvml):
         def nvmlDeviceGetComputeRunningProcesses(self, h):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch import health as h
-from ftlaunch import rollback
+from ftlaunch.run import health as h
+from ftlaunch.run import rollback
 
 DATA = Path(__file__).parent / "data" / "health"
 
@@ -298,7 +298,7 @@ def complete_checkpoint(out: Path, step: int, history: list[dict], lr: float) ->
 
 
 def test_health_watch_records_halts_sets_aside_and_prepares_the_rollback(tmp_path):
-    from ftlaunch.runstore import read_events, read_state
+    from ftlaunch.run.store import read_events, read_state
 
     run_dir, out = tmp_path / "run", tmp_path / "out"
     run_dir.mkdir()

@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 import pytest
 
-from ftlaunch.cli import main
+from ftlaunch.cli.main import main
 
 from .conftest import EXAMPLES, ROOT, tiny_config, venv_bin, write_yaml
 from .fakehub import FakeHub

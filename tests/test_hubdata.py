@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ftlaunch.hardware import catalog_hardware
-from ftlaunch.hubdata import (
+from ftlaunch.hub.datasets import (
     INFO_KEY,
     RUN_DIR,
     SUMMARY_KEY,
@@ -31,7 +30,8 @@ from ftlaunch.hubdata import (
     prefetch_datasets,
     with_datasets,
 )
-from ftlaunch.planner import Change, plan
+from ftlaunch.plan.hardware import catalog_hardware
+from ftlaunch.plan.planner import Change, plan
 
 from .conftest import tiny_config, venv_bin, write_yaml
 from .fakehub import FakeHub

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch.memory import (
+from ftlaunch.plan.memory.model import (
     GIB,
     TrainSetup,
     choose_micro_batch,
@@ -21,7 +21,7 @@ from ftlaunch.memory import (
     setup_from_config,
     trainable_params,
 )
-from ftlaunch.modelspec import ModelSpec, embedding_params, spec_from_config, spec_from_param_count
+from ftlaunch.plan.modelspec import ModelSpec, embedding_params, spec_from_config, spec_from_param_count
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "data" / "corpus"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch.memory import TrainSetup, estimate
-from ftlaunch.modelspec import spec_from_config
+from ftlaunch.plan.memory.model import TrainSetup, estimate
+from ftlaunch.plan.modelspec import spec_from_config
 
 DATA = Path(__file__).resolve().parent / "data" / "memory_calibration.json"
 ROWS = [r for r in json.loads(DATA.read_text())["rows"] if r.get("simulated_gib")]

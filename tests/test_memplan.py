@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ftlaunch.cli import main
+from ftlaunch.cli.main import main
 from ftlaunch.errors import DoesNotFitError
-from ftlaunch.hardware import Gpu, Hardware, catalog_hardware
-from ftlaunch.memory import (
+from ftlaunch.plan.hardware import Gpu, Hardware, catalog_hardware
+from ftlaunch.plan.memory.model import (
     DOES_NOT_FIT,
     FITS,
     HARDWARE,
@@ -30,9 +30,9 @@ from ftlaunch.memory import (
     setup_from_config,
     verdict_of,
 )
-from ftlaunch.memplan import ASSUMED_HOST_RAM_PER_GPU_GIB, host_ram_for, make_memory_chooser
-from ftlaunch.modelspec import spec_from_config
-from ftlaunch.planner import PlanOptions, plan
+from ftlaunch.plan.memplan import ASSUMED_HOST_RAM_PER_GPU_GIB, host_ram_for, make_memory_chooser
+from ftlaunch.plan.modelspec import spec_from_config
+from ftlaunch.plan.planner import PlanOptions, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "corpus" / "model-configs"
@@ -238,7 +238,7 @@ def test_plan_json_prints_the_whole_object_on_refusal(tmp_path) -> None:
 
 
 def test_observed_peak_is_kept_and_only_raises_later_predictions(isolated_home) -> None:
-    from ftlaunch.memory_store import correction_from, recall, remember, remember_observed
+    from ftlaunch.plan.memory_store import correction_from, recall, remember, remember_observed
 
     env = {"FTLAUNCH_HOME": str(isolated_home)}
     remember_observed(env, "k:V100", observed_peak_gib=31.0, predicted_peak_gib=30.0, micro_batch=1)
@@ -260,7 +260,7 @@ def test_observed_peak_is_kept_and_only_raises_later_predictions(isolated_home) 
 
 
 def test_simulate_plan_without_a_config_json_says_why_and_keeps_the_formula() -> None:
-    from ftlaunch.memplan import simulate_plan
+    from ftlaunch.plan.memplan import simulate_plan
 
     spec = spec_of("qwen2.5-1.5b")
     chooser = make_memory_chooser(spec, None, headroom=0.12, default_optim=FUSED)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch.modelspec import (
+from ftlaunch.plan.modelspec import (
     ModelSpec,
     layer_params,
     linear_shapes,

@@ -12,9 +12,9 @@ import click
 from click.testing import CliRunner
 from rich.console import Console
 
-from ftlaunch.cli import main
-from ftlaunch.render import PIPE_WIDTH, runs_table
-from ftlaunch.schedule_cli import schedule_group
+from ftlaunch.cli.main import main
+from ftlaunch.cli.render import PIPE_WIDTH, runs_table
+from ftlaunch.cli.schedule import schedule_group
 
 from .conftest import venv_bin
 from .test_schedule import fake_trainer, project, scratch_crontab  # noqa: F401 (fixtures)
@@ -75,7 +75,7 @@ def test_schedule_add_takes_every_option_train_takes():
 
 
 def test_scheduled_run_is_the_same_run(project, fake_trainer, isolated_home, tmp_path):  # noqa: F811
-    from ftlaunch.runstore import read_state
+    from ftlaunch.run.store import read_state
 
     r = CliRunner().invoke(
         schedule_group,
@@ -140,7 +140,7 @@ def test_lost_run_counts_its_gpu_hours(project, fake_trainer, isolated_home):  #
     import os
     import signal
 
-    from ftlaunch.runstore import read_state
+    from ftlaunch.run.store import read_state
 
     fake_trainer({"sleep": 30, "ok": True, "steps": 4})
     env = dict(os.environ)
@@ -166,7 +166,7 @@ def test_lost_run_counts_its_gpu_hours(project, fake_trainer, isolated_home):  #
 
 
 def test_does_not_fit_table_says_why_an_option_is_no_and_groups_by_kind():
-    from ftlaunch.render import alternatives_table
+    from ftlaunch.cli.render import alternatives_table
 
     alts = [
         {"option": "ZeRO-3 CPU offload", "kind": "same-numbers", "peak_gib": 5.3, "host_gib": 202.0, "fits": False,
@@ -201,7 +201,7 @@ def test_train_json_keys_agree_between_help_and_readme():
 
 
 def test_json_output_is_strict_even_with_a_nan_loss():
-    from ftlaunch.render import to_json
+    from ftlaunch.cli.render import to_json
 
     text = to_json({"loss": float("nan"), "lr": float("inf"), "rows": [1.0, float("-inf")], "ok": 0.5})
     assert json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c))) == {

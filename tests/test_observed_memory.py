@@ -10,11 +10,11 @@ from pathlib import Path
 
 import yaml
 
-from ftlaunch.hardware import gpu_peak_of
-from ftlaunch.memory_store import recall
-from ftlaunch.runstore import read_state
-from ftlaunch.service import PlanRequest, create_run, make_plan
-from ftlaunch.supervisor import Supervisor
+from ftlaunch.plan.hardware import gpu_peak_of
+from ftlaunch.plan.memory_store import recall
+from ftlaunch.run.service import PlanRequest, create_run, make_plan
+from ftlaunch.run.store import read_state
+from ftlaunch.run.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_observed_peak_is_recorded_beside_the_prediction_and_corrects_the_next_p
     assert code == 0
     state = read_state(run_dir)
     assert state["predicted_peak_gib"] == predicted and state["observed_peak_gib"] == round(seen, 3)
-    from ftlaunch.service import run_view
+    from ftlaunch.run.service import run_view
 
     view = run_view(run_dir)
     assert (view["predicted_peak_gib"], view["observed_peak_gib"]) == (predicted, round(seen, 3))

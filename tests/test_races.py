@@ -40,7 +40,7 @@ def together(*argvs: list[str], env: dict) -> list[subprocess.CompletedProcess]:
     """Start every command at once (no waiting between the spawns), then collect them."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "ftlaunch.cli", *a],
+            [sys.executable, "-m", "ftlaunch.cli.main", *a],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -74,7 +74,7 @@ def supervisors_of(run_dir: Path) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "ftlaunch.supervisor" in cmd and str(run_dir) in cmd:
+        if "ftlaunch.run.supervisor" in cmd and str(run_dir) in cmd:
             found.append(p)
     return found
 
@@ -85,7 +85,7 @@ def state(run_dir: Path) -> dict:
 
 def stop(run_dir: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "ftlaunch.cli", "stop", run_dir.name, "--grace", "5"],
+        [sys.executable, "-m", "ftlaunch.cli.main", "stop", run_dir.name, "--grace", "5"],
         env=env,
         capture_output=True,
         text=True,
@@ -121,7 +121,7 @@ def test_two_trains_of_one_output_dir_start_one_run(tmp_path, i):
 def test_two_resumes_of_a_stopped_run_restart_it_once_and_stop_stops_it_once(tmp_path, i):
     cfg, env = setup(tmp_path, [{"sleep": 30}])
     r = subprocess.run(
-        [sys.executable, "-m", "ftlaunch.cli", "train", str(cfg), "--gpu", "A10G", "--json"],
+        [sys.executable, "-m", "ftlaunch.cli.main", "train", str(cfg), "--gpu", "A10G", "--json"],
         env=env,
         capture_output=True,
         text=True,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch.progress import checkpoint_problems, last_complete_checkpoint
-from ftlaunch.recovery import Budget, classify, decide, oom_step
-from ftlaunch.runstore import FailureKind, read_state
-from ftlaunch.supervisor import Supervisor
+from ftlaunch.run.progress import checkpoint_problems, last_complete_checkpoint
+from ftlaunch.run.recovery import Budget, classify, decide, oom_step
+from ftlaunch.run.store import FailureKind, read_state
+from ftlaunch.run.supervisor import Supervisor
 
 from .fake_trainer import configs_seen, install, write_config
 
@@ -110,8 +110,8 @@ def test_eval_oom_shrinks_the_eval_batch_only():
 def make_run(tmp_path: Path, script: list[dict], config: dict | None = None) -> tuple[Path, dict]:
     """A real run directory (via the service layer) whose trainer is tests/fake_trainer.py."""
 
-    from ftlaunch.hardware import catalog_hardware
-    from ftlaunch.service import PlanRequest, create_run, make_plan
+    from ftlaunch.plan.hardware import catalog_hardware
+    from ftlaunch.run.service import PlanRequest, create_run, make_plan
 
     src = write_config(tmp_path, **{"per_device_train_batch_size": 4, **(config or {})})
     env = {
@@ -199,7 +199,7 @@ def test_half_written_checkpoint_is_moved_aside_not_deleted(tmp_path):
 
 def test_a_run_that_gave_up_resumes_by_hand_after_a_change(tmp_path):
     from ftlaunch.errors import ConfigError
-    from ftlaunch.service import resume_run
+    from ftlaunch.run.service import resume_run
 
     run_dir, env = make_run(
         tmp_path, [{"oom": True}, {"ok": True}], {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8}
@@ -215,7 +215,7 @@ def test_a_run_that_gave_up_resumes_by_hand_after_a_change(tmp_path):
 
 
 def test_host_oom_is_confirmed_from_the_kernel_log_when_readable():
-    from ftlaunch.supervisor import with_kernel_evidence
+    from ftlaunch.run.supervisor import with_kernel_evidence
 
     ex = classify(-9, "step 3")
     log = "[123.4] Out of memory: Killed process 4242 (python) total-vm:100kB"

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ftlaunch.cli import main
+from ftlaunch.cli.main import main
 from ftlaunch.errors import StateError
-from ftlaunch.recovery import Budget, classify, decide, oom_numbers, oom_step
-from ftlaunch.runstore import find_run, read_events, read_state, update_state
-from ftlaunch.supervisor import Supervisor
+from ftlaunch.run.recovery import Budget, classify, decide, oom_numbers, oom_step
+from ftlaunch.run.store import find_run, read_events, read_state, update_state
+from ftlaunch.run.supervisor import Supervisor
 
 from .fake_trainer import configs_seen, install, write_checkpoint, write_config
 
@@ -183,7 +183,7 @@ def test_case5_torn_multibyte_and_foreign_lines_are_skipped_and_said_once(tmp_pa
 
 
 def test_case5_torn_trainer_log_does_not_break_progress(tmp_path, fake, isolated_home):
-    from ftlaunch.progress import parse_trainer_log
+    from ftlaunch.run.progress import parse_trainer_log
 
     data = b'{"current_steps": 1, "loss": 2.0}\n{"current_steps": "x"}\n\xe2\x82\n{"current_steps": 2, "lo'
     assert [r["current_steps"] for r in parse_trainer_log(data)] == [1]
@@ -316,7 +316,7 @@ def test_case10_recovering_ends_once_the_trainer_passes_the_failed_step(tmp_path
 
 
 def test_case10_recovering_status_during_a_resumed_attempt(tmp_path):
-    from ftlaunch.runstore import RunStatus
+    from ftlaunch.run.store import RunStatus
 
     from .test_recovery import make_run
 
@@ -347,8 +347,8 @@ def test_case2_a_stop_while_the_run_is_being_started_waits_for_its_supervisor(tm
     import threading
     import time
 
-    from ftlaunch.service import _wait_while_starting
-    from ftlaunch.supervisor import acquire_output_lock
+    from ftlaunch.run.service import _wait_while_starting
+    from ftlaunch.run.supervisor import acquire_output_lock
 
     from .test_recovery import make_run
 
@@ -368,7 +368,7 @@ def test_case2_a_stop_while_the_run_is_being_started_waits_for_its_supervisor(tm
 
 
 def test_the_latest_run_is_the_last_created_even_within_one_second(tmp_path, isolated_home):
-    from ftlaunch.runstore import list_runs
+    from ftlaunch.run.store import list_runs
 
     root = isolated_home / "runs"
     for name in ("20260101-000000-ffff", "20260101-000000-0000"):  # created in this order, same second

@@ -24,12 +24,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ftlaunch import schedule as sch
-from ftlaunch.cli import main
-from ftlaunch.cron import ScheduleError, next_fire, on_calendar, parse_cron
-from ftlaunch.crontab import add_entry, entries, remove_entry
-from ftlaunch.run_options import RunOptions
-from ftlaunch.schedule_cli import schedule_group
+from ftlaunch.cli.main import main
+from ftlaunch.cli.schedule import schedule_group
+from ftlaunch.run.options import RunOptions
+from ftlaunch.schedule import core as sch
+from ftlaunch.schedule.cron import ScheduleError, next_fire, on_calendar, parse_cron
+from ftlaunch.schedule.crontab import add_entry, entries, remove_entry
 
 from .conftest import ROOT, tiny_config, write_yaml
 
@@ -39,7 +39,7 @@ if not INTEGRATED:
 
 # `python -c` entry that works before and after cli.py registers the group.
 ENTRY = (
-    "from ftlaunch.cli import main; from ftlaunch.schedule_cli import schedule_group; "
+    "from ftlaunch.cli.main import main; from ftlaunch.cli.schedule import schedule_group; "
     "main.add_command(schedule_group, 'schedule'); main()"
 )
 FOREIGN = (
@@ -230,9 +230,7 @@ def test_systemd_calendar_matches_cron_semantics():
 
 
 def test_crontab_text_add_remove_is_byte_identical():
-    line = (
-        "0 2 * * * /venv/bin/python -m ftlaunch.cli schedule run nightly >> /h/n.log 2>&1 # ftlaunch-schedule:nightly"
-    )
+    line = "0 2 * * * /venv/bin/python -m ftlaunch schedule run nightly >> /h/n.log 2>&1 # ftlaunch-schedule:nightly"
     added = add_entry(FOREIGN, "nightly", line)
     assert added.startswith(FOREIGN) and added.endswith(line + "\n")
     assert entries(added) == {"nightly": line + "\n"}  # the commented-out copy is not ours
@@ -307,7 +305,7 @@ def test_cron_line_uses_absolute_paths_and_carries_no_secrets(project, scratch_c
     line = entries(scratch_crontab.read_text())["nightly"].rstrip("\n")
     assert line.startswith("0 2 * * * ")
     assert f"FTLAUNCH_HOME={isolated_home}" in line
-    assert f"{os.path.abspath(sys.executable)} -m ftlaunch.cli schedule run nightly" in line
+    assert f"{os.path.abspath(sys.executable)} -m ftlaunch schedule run nightly" in line
     assert f">> {isolated_home / 'schedules' / 'nightly.log'} 2>&1" in line
     assert line.endswith("# ftlaunch-schedule:nightly")
     printed = add("other", project, "--print").output
@@ -434,7 +432,7 @@ def test_versions_latest_and_pruning(project, fake_trainer, tmp_path, isolated_h
 
 def test_a_supervisor_that_refuses_is_recorded_and_notified(project, fake_trainer, tmp_path, isolated_home):
     from ftlaunch.errors import BusyError
-    from ftlaunch.supervisor import acquire_output_lock
+    from ftlaunch.run.supervisor import acquire_output_lock
 
     env = dict(os.environ)
     sch.add_schedule(
@@ -616,7 +614,7 @@ def test_notify_by_command_gets_the_summary_on_stdin_and_in_env(project, fake_tr
 # ---------------------------------------------------------------- what cron runs
 
 
-@pytest.mark.skipif(not INTEGRATED, reason="ftlaunch.cli does not register `schedule` yet")
+@pytest.mark.skipif(not INTEGRATED, reason="ftlaunch.cli.main does not register `schedule` yet")
 def test_the_installed_line_runs_under_crons_bare_environment(project, fake_trainer, scratch_crontab, isolated_home):
     assert add("nightly", project).exit_code == 0
     line = entries(scratch_crontab.read_text())["nightly"]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch import slurm
 from ftlaunch.errors import ConfigError, HardwareError, TrainerError
-from ftlaunch.slurm_submit import cluster_gpu_spec
+from ftlaunch.run.slurm import sbatch as slurm
+from ftlaunch.run.slurm.submit import cluster_gpu_spec
 
 
 def job(req: slurm.SlurmRequest, tmp_path: Path) -> slurm.JobFiles:
@@ -29,7 +29,7 @@ def test_script_asks_for_what_the_issue_lists(tmp_path):
     assert f"#SBATCH --output={tmp_path / 'run' / 'train.log'}" in s
     assert "export FTLAUNCH_HOME='/h o'" in s  # quoted for the shell
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in s
-    assert s.rstrip().endswith(f"exec /venv/bin/python -m ftlaunch.slurm_job {tmp_path / 'run'}")
+    assert s.rstrip().endswith(f"exec /venv/bin/python -m ftlaunch.run.slurm.job {tmp_path / 'run'}")
     w = files.trainer
     assert "export NNODES=2" in w and "export NPROC_PER_NODE=8" in w and "export FORCE_TORCHRUN=1" in w
     assert "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in w and 'NODE_RANK="$SLURM_NODEID"' in w

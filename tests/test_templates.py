@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from ftlaunch.config import known_keys, read_header
+from ftlaunch.plan.config import known_keys, read_header
 
 from .conftest import ROOT
 

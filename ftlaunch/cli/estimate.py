@@ -1,0 +1,541 @@
+"""`ftlaunch estimate` and `ftlaunch plot`: the click edges of ftlaunch.estimate.core.
+
+Each command parses, calls the core (``estimate.build_estimate``) and the shells (``make_plan``,
+``estimate_run.count_tokens``, ``estimate_run.probe_throughput``), then renders. Heavy imports
+(matplotlib) happen inside the functions so that ``import ftlaunch.cli.main`` stays light. Registered in
+cli.py as ``main.add_command(estimate_cmd, "estimate")`` and ``main.add_command(plot_cmd, "plot")``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ftlaunch.cli.options import compare_options, env_now
+from ftlaunch.cli.render import to_json
+from ftlaunch.errors import FtlaunchError
+from ftlaunch.run.options import RunOptions
+
+
+def _say(text: str) -> None:
+    click.echo(text, err=True)
+
+
+# ============================================================================================
+# estimate
+# ============================================================================================
+
+
+@click.command("estimate", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@compare_options
+@click.option(
+    "--price",
+    "prices",
+    multiple=True,
+    help="Price per GPU-hour of a card, e.g. --price A100-80GB=1.9 (repeatable): adds a cost column.",
+)
+@click.option(
+    "--probe-steps",
+    type=click.IntRange(min=2),
+    help="Also run N real optimizer steps here (scratch output_dir) and measure sustained throughput.",
+)
+@click.option(
+    "--warmup-steps",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="Probe steps run first and not measured.",
+)
+@click.option(
+    "--histogram",
+    type=click.Path(dir_okay=False),
+    help="Where to draw the length histogram (PNG); default $FTLAUNCH_HOME/estimates/<config>-lengths.png.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def estimate_cmd(
+    config: str,
+    overrides: tuple[str, ...],
+    gpu: tuple[str, ...],
+    hardware_file: tuple[str, ...],
+    prices: tuple[str, ...],
+    source_gpus: int | None,
+    global_batch: int | None,
+    headroom: float,
+    params: str | None,
+    model_config: str | None,
+    probe_steps: int | None,
+    warmup_steps: int,
+    histogram: str | None,
+    as_json: bool,
+) -> None:
+    """Estimate CONFIG before training: exact tokens, lengths, padding, steps, memory, time, GPU-hours.
+
+    Token counts come from llamafactory's own preprocessing (template, cutoff, packing), run in a
+    child process. The time is a range: from a short real run with --probe-steps, else a guess from
+    the card's peak FLOP/s and a stated utilisation. Nothing is written to the config's output_dir.
+    Several --gpu / --hardware compare machines in one table (tokens counted once), fastest first.
+
+    \b
+    Examples:
+      ftlaunch estimate cfg.yaml
+      ftlaunch estimate cfg.yaml --gpu A100-80GB --json
+      ftlaunch estimate cfg.yaml --probe-steps 30 num_train_epochs=2
+      ftlaunch estimate cfg.yaml --gpu V100-32GB --gpu A100-80GB --gpu H100-80GBx8 --price A100-80GB=1.9
+    """
+    from ftlaunch.estimate import probe as estimate_run
+    from ftlaunch.estimate.compare import parse_prices
+    from ftlaunch.run.service import make_plan
+    from ftlaunch.run.store import home
+
+    if probe_steps and (gpu or hardware_file):
+        raise click.UsageError("--probe-steps measures this machine; it cannot be combined with --gpu or --hardware")
+    try:
+        price_table = parse_prices(prices)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--price") from None
+    machines = [("gpu", g) for g in gpu] + [("hardware_file", h) for h in hardware_file]
+    env = env_now()
+    base = RunOptions(
+        source_gpus=source_gpus, global_batch=global_batch, headroom=headroom, params=params, model_config=model_config
+    )
+    if len(machines) > 1:
+        out = _compare(config, overrides, machines, base, price_table, env)
+        if as_json:
+            click.echo(to_json(out))
+        else:
+            _render_comparison(out)
+        return
+    one = replace(base, **dict(machines))
+    req = one.plan_request(config, overrides, strict=True)
+    _, p = make_plan(req, env)
+    values = dict(p.config)
+    stats = _count_tokens(values, env, "counting tokens with llamafactory's own preprocessing ...")
+    probe = None
+    if probe_steps:
+        _say(f"probing: {warmup_steps} warm-up + {probe_steps} measured steps in a scratch output_dir ...")
+        probe = estimate_run.probe_throughput(values, env, probe_steps, warmup_steps, plan_env=p.env)
+    result = _estimate_for(p, req, stats, probe=probe)
+    out = result.to_dict()
+    if price_table and result.time.gpu_hours:
+        from ftlaunch.estimate.compare import price_for
+
+        price = price_for(gpu[0] if gpu else "", p.hardware.gpu_model, price_table)
+        if price is not None:
+            out["cost"] = [round(h * price, 2) for h in result.time.gpu_hours]
+    hist = Path(histogram) if histogram else home(env) / "estimates" / f"{Path(config).stem}-lengths.png"
+    draw_histogram(stats, result.padding, hist)
+    out["histogram"] = str(hist)
+    if as_json:
+        click.echo(to_json(out))
+    else:
+        _render(out)
+
+
+def _count_tokens(values: Mapping[str, Any], env: Mapping[str, str], say: str) -> Any:
+    """Exact token counts in a scratch folder under FTLAUNCH_HOME (kept, with its log, on failure)."""
+    from ftlaunch.estimate import probe as estimate_run
+    from ftlaunch.run.store import home
+
+    scratch = home(env) / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))
+    _say(say)
+    stats = estimate_run.count_tokens(values, env, work)  # on failure the log stays in `work` (named in the hint)
+    shutil.rmtree(work, ignore_errors=True)
+    return stats
+
+
+def _estimate_for(p: Any, req: Any, stats: Any, probe: Any = None) -> Any:
+    """The estimate of one plan: its batch, the model's shape and the card's peak (or a probe)."""
+    from ftlaunch.estimate import core as est
+
+    facts = _model_facts(p.config, p, req)
+    return est.build_estimate(
+        stats,
+        micro_batch=p.micro_batch,
+        accumulation=p.accumulation,
+        world_size=p.world_size,
+        gpus=p.hardware.gpu_count,
+        values=dict(p.config),
+        probe=probe,
+        shape=facts["shape"],
+        peak_tflops_per_gpu=facts["peak"],
+        checkpointing_off_fits=facts["ckpt_off_fits"],
+        checkpointing_off_note=facts["ckpt_off_note"],
+        extra={
+            "hardware": p.hardware.describe(),
+            "precision": p.precision,
+            "memory": dict(p.memory) if p.memory else None,
+            "plan_warnings": list(p.warnings),
+        },
+    )
+
+
+def _compare(
+    config: str,
+    overrides: Sequence[str],
+    machines: Sequence[tuple[str, str]],
+    base: RunOptions,
+    prices: Mapping[str, float],
+    env: Mapping[str, str],
+) -> dict[str, Any]:
+    """Plan and estimate each machine; count the tokens once (they do not depend on the machine)."""
+    from ftlaunch.errors import DoesNotFitError
+    from ftlaunch.estimate import compare
+    from ftlaunch.run.service import get_hardware, make_plan
+
+    stats = None
+    rows = []
+    for kind, value in machines:
+        req = replace(base, **{kind: value}).plan_request(config, overrides, strict=True)
+        try:
+            _, p = make_plan(req, env)
+        except DoesNotFitError as exc:
+            hw = get_hardware(req, env)
+            rows.append(compare.row_from_refusal(value, hw.gpu_model, hw.gpu_count, exc.message, exc.alternatives))
+            continue
+        if stats is None:
+            stats = _count_tokens(
+                dict(p.config), env, "counting tokens with llamafactory's own preprocessing (once for all machines) ..."
+            )
+        result = _estimate_for(p, req, stats)
+        planned = {
+            **p.to_dict(),
+            "precision": p.precision,
+            "micro_batch": p.micro_batch,
+            "accumulation": p.accumulation,
+        }
+        rows.append(compare.row_from_estimate(value, planned, result.to_dict(), prices))
+    out: dict[str, Any] = {"machines": [r.to_dict() for r in compare.order(rows)]}
+    if stats is not None:
+        s = stats.summary()
+        out["tokens"] = {k: s.get(k) for k in ("samples", "total_tokens", "label_tokens", "cutoff_len", "packing")}
+    return out
+
+
+def _fmt_range_hours(pair: Sequence[float] | None) -> str:
+    """[0.02, 0.17] -> "1.1-10 min"; [1.5, 4.2] -> "1.5-4.2 h" (one unit for both ends)."""
+    if not pair:
+        return "-"
+    lo, hi = pair
+    if hi < 1:
+        return f"{lo * 60:.2g}-{hi * 60:.2g} min"
+    return f"{lo:.2g}-{hi:.2g} h" if hi < 100 else f"{lo:,.0f}-{hi:,.0f} h"
+
+
+def _render_comparison(out: Mapping[str, Any]) -> None:
+    from rich.table import Table
+
+    from ftlaunch.cli.render import Out, add_id_column
+
+    console = Out()
+    tok = out.get("tokens") or {}
+    title = "machines, fastest first"
+    if tok:
+        title += f" ({tok.get('samples'):,} samples, {tok.get('total_tokens'):,} tokens per epoch)"
+    t = Table(title=title)
+    add_id_column(t, "machine", [m["machine"] for m in out["machines"]])
+    for col in ("fits", "precision", "micro x acc", "tokens/s", "wall time", "GPU-hours"):
+        t.add_column(col, no_wrap=True)
+    with_cost = any(m.get("cost") for m in out["machines"])
+    if with_cost:
+        t.add_column("cost", no_wrap=True)
+    notes: list[str] = []
+    for m in out["machines"]:
+        if not m["fits"]:
+            alt = m.get("alternative")
+            best = f"{alt.get('option')} ({alt.get('peak_gib', 0):.1f} GiB)" if alt else "none"
+            notes.append(f"{m['machine']}: does not fit as asked; best option that fits: {best}")
+            cells = [m["machine"], "no", *["-"] * 5]
+        else:
+            gh = m.get("gpu_hours")
+            cells = [
+                m["machine"],
+                "yes" if m.get("verdict") in (None, "fits") else str(m["verdict"]),
+                str(m.get("precision") or "-"),
+                f"{m['micro_batch']} x {m['accumulation']}",
+                "-" if m.get("tokens_per_second") is None else f"{m['tokens_per_second']:,.0f}",
+                _fmt_range_hours(m.get("wall_hours")),
+                "-" if not gh else f"{gh[0]:.2f}-{gh[1]:.2f}",
+            ]
+        if with_cost:
+            cost = m.get("cost")
+            cells.append("-" if not cost else f"{cost[0]:,.2f}-{cost[1]:,.2f}")
+        t.add_row(*cells)
+        notes += [n for n in m.get("notes") or () if n not in notes]
+    console.print(t)
+    from ftlaunch.estimate.core import UTILISATION
+
+    band = f"{UTILISATION[0]:.0%}-{UTILISATION[1]:.0%}"
+    for n in [f"times: each card's peak FLOP/s x a {band} utilisation band (a guess, not a measurement)", *notes]:
+        console.print(f"  - {n}", highlight=False, markup=False)
+
+
+def _model_facts(values: Mapping[str, Any], p: Any, req: Any) -> dict[str, Any]:
+    """The model's shape, the card's peak, and whether checkpointing off fits (memory model)."""
+    from dataclasses import replace
+
+    from ftlaunch.estimate import throughput
+    from ftlaunch.plan.config import load_deepspeed
+    from ftlaunch.plan.memory.model import estimate as memory_estimate
+    from ftlaunch.plan.memory.model import setup_from_config, trainable_params
+    from ftlaunch.plan.memplan import model_spec_for
+
+    facts: dict[str, Any] = {"shape": None, "peak": None, "ckpt_off_fits": None, "ckpt_off_note": ""}
+    if p.hardware.gpus:
+        facts["peak"] = throughput.peak_tflops(p.hardware.gpus[0].name, p.precision)
+    spec, _note = model_spec_for(values, req.params, req.model_config)
+    if spec is None:
+        return facts
+    from ftlaunch.plan.memplan import installed_default_optimizer
+
+    optim = installed_default_optimizer()[0]  # what HF Trainer really uses when `optim` is unset
+    setup = setup_from_config(
+        dict(values), world_size=p.world_size, deepspeed_config=load_deepspeed(values), default_optim=optim
+    )
+    facts["shape"] = throughput.model_shape(spec, trainable_params(spec, setup))
+    if p.hardware.gpus and setup.gradient_checkpointing:
+        off = memory_estimate(spec, replace(setup, gradient_checkpointing=False, micro_batch=p.micro_batch))
+        capacity = min(g.total_gib for g in p.hardware.gpus)
+        usable = capacity * (1 - req.headroom)
+        facts["ckpt_off_fits"] = off.peak_gib <= usable
+        facts["ckpt_off_note"] = (
+            f"predicted peak {off.peak_gib:.1f} GiB vs {usable:.1f} GiB usable at micro-batch {p.micro_batch}"
+        )
+    elif not p.hardware.gpus:
+        facts["ckpt_off_note"] = "CPU: host RAM is the limit"
+    return facts
+
+
+def _fmt_hours(pair: Sequence[float] | None) -> str:
+    if not pair:
+        return "-"
+    lo, hi = pair
+
+    def one(h: float) -> str:
+        return f"{h * 60:.1f} min" if h < 1 else f"{h:.1f} h"
+
+    return f"{one(lo)} - {one(hi)}"
+
+
+def _render(out: Mapping[str, Any]) -> None:
+    from rich.table import Table
+
+    from ftlaunch.cli.render import Out, memory_table
+
+    console = Out()
+    pc = out["length_percentiles"]
+    data = Table(title=f"data (stage {out['stage']}, as llamafactory tokenizes it)", show_header=False)
+    data.add_column("what")
+    data.add_column("value", justify="right")
+    rows = [
+        ("samples", f"{out['samples']:,}"),
+        ("rows per epoch" + (" (packed)" if out["packing"] else ""), f"{out['rows']:,}"),
+        ("tokens per epoch (no padding)", f"{out['total_tokens']:,}"),
+        ("label tokens per epoch (trained on)", f"{out['label_tokens']:,}"),
+        ("length p50 / p90 / p99 / max", f"{pc['p50']} / {pc['p90']} / {pc['p99']} / {pc['max']}"),
+        ("cutoff_len", str(out["cutoff_len"])),
+        ("truncated by the cutoff", "-" if out["truncated"] is None else f"{out['truncated']:,}"),
+        (
+            f"padding at micro-batch {out['micro_batch']} ({out['sampling']})",
+            f"{out['padding_share']:.1%} without packing, {out['padding_share_packed']:.1%} with",
+        ),
+    ]
+    if out.get("eval_rows"):
+        rows.append(("eval rows / tokens", f"{out['eval_rows']:,} / {out['eval_tokens']:,}"))
+    for k, v in rows:
+        data.add_row(k, v)
+    console.print(data)
+    steps = Table(title="steps", show_header=False)
+    steps.add_column("what")
+    steps.add_column("value", justify="right")
+    steps.add_row("global batch (rows per optimizer step)", str(out["global_batch"]))
+    steps.add_row("optimizer steps per epoch", f"{out['steps_per_epoch']:,}")
+    steps.add_row("epochs", f"{out['epochs']:g}")
+    steps.add_row("optimizer steps in total", f"{out['optimizer_steps']:,}")
+    console.print(steps)
+    if out.get("memory"):
+        console.print(memory_table(out["memory"]))
+    else:
+        console.print(f"memory: not modelled for {out.get('hardware')} (the memory model is per GPU)")
+    t = Table(title=f"time on {out.get('hardware')} ({out['precision']})", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    t.add_row(
+        "source", {"probe": "measured (probe)", "peak-flops": "GUESS from peak FLOP/s"}.get(out["time_source"], "none")
+    )
+    if out.get("tokens_per_second") is not None:
+        t.add_row("sustained tokens/s", f"{out['tokens_per_second']:,.0f}")
+    if out.get("seconds_per_step") is not None:
+        t.add_row("seconds per optimizer step", f"{out['seconds_per_step']:.4g}")
+    t.add_row("wall time", _fmt_hours(out.get("wall_hours")))
+    gh = out.get("gpu_hours")
+    t.add_row(f"GPU-hours ({out['gpus']} GPU)", f"{gh[0]:.2f} - {gh[1]:.2f}" if gh else "-")
+    console.print(t)
+    console.print("[bold]assumptions[/bold]")
+    for a in out["assumptions"]:
+        console.print(f"  - {a}", highlight=False, markup=False)
+    if out["levers"]:
+        lv = Table(title="what would change it most")
+        lv.add_column("change")
+        lv.add_column("estimated effect")
+        for item in out["levers"]:
+            lv.add_row(item["change"], item["effect"])
+        console.print(lv)
+    for w in out.get("plan_warnings") or []:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    console.print(f"length histogram: {out['histogram']}", highlight=False)
+
+
+# ============================================================================================
+# plot
+# ============================================================================================
+
+
+@click.command("plot", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("run", required=False)
+@click.option("--out", type=click.Path(dir_okay=False), help="PNG to write; default <run dir>/progress.png.")
+def plot_cmd(run: str | None, out: str | None) -> None:
+    """Draw loss and throughput over steps for RUN as a PNG, with restarts marked.
+
+    RUN is a run id, a unique prefix of one or a run name (default: the latest run), or an
+    output_dir holding a trainer_log.jsonl.
+
+    \b
+    Examples:
+      ftlaunch plot
+      ftlaunch plot nightly --out nightly.png
+      ftlaunch plot saves/qwen3-sft
+    """
+    from ftlaunch.estimate import core as est
+    from ftlaunch.run.progress import parse_trainer_log
+    from ftlaunch.run.store import find_run, read_events, read_state
+
+    env = env_now()
+    events: list[dict[str, Any]] = []
+    if run and Path(run).is_dir() and (Path(run) / "trainer_log.jsonl").is_file():
+        output_dir = Path(run)
+        title = str(output_dir)
+        default_out = output_dir / "ftlaunch-progress.png"
+    else:
+        run_dir = find_run(env, run)
+        state = read_state(run_dir)
+        output_dir = Path(str(state.get("output_dir") or ""))
+        events = read_events(run_dir)
+        title = f"run {run_dir.name} ({state.get('name')})"
+        default_out = run_dir / "progress.png"
+    tlog = output_dir / "trainer_log.jsonl"
+    if not tlog.is_file():
+        raise FtlaunchError(f"no {tlog} yet", hint="the trainer writes it from its first logged step (logging_steps)")
+    segments = est.split_attempts(parse_trainer_log(tlog.read_text(errors="replace")))
+    if not segments:
+        raise FtlaunchError(f"{tlog} has no logged training steps yet")
+    path = Path(out) if out else default_out
+    draw_progress(segments, est.attempt_spans(events), path, title)
+    click.echo(f"wrote {path}")
+
+
+# ============================================================================================
+# drawing (matplotlib, imported lazily, Agg backend)
+# ============================================================================================
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise FtlaunchError("drawing needs matplotlib, which is not installed", hint="pip install matplotlib") from None
+    return plt
+
+
+def draw_histogram(stats: Any, padding: Any, path: Path) -> Path:
+    """The sample-length histogram (before the cutoff), with the cutoff and percentiles marked."""
+    from ftlaunch.estimate.padding import length_percentiles
+
+    plt = _pyplot()
+    raw = list(stats.raw_lengths)
+    pc = length_percentiles(raw)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    if raw:
+        ax.hist(raw, bins=min(60, max(5, len(set(raw)))), color="#4c72b0", edgecolor="white")
+    ax.axvline(stats.cutoff_len, color="#c44e52", linewidth=2, label=f"cutoff_len {stats.cutoff_len}")
+    for key, style in (("p50", ":"), ("p90", "--"), ("p99", "-.")):
+        ax.axvline(pc[key], color="#555555", linestyle=style, label=f"{key} {pc[key]}")
+    trunc = stats.truncated
+    ax.set_title(
+        f"{stats.samples:,} samples, {stats.total_tokens:,} tokens"
+        + (f", {trunc:,} truncated" if trunc else "")
+        + f"; padding {padding.share:.0%} (packed {padding.share_packed:.0%}) at micro-batch {padding.micro_batch}"
+    )
+    ax.set_xlabel("tokens per sample (llamafactory's template, before the cutoff)")
+    ax.set_ylabel("samples")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+RESTART_COLOR = "#c44e52"
+ATTEMPT_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974")
+
+
+def draw_progress(
+    segments: Sequence[Sequence[Mapping[str, Any]]], spans: Sequence[Mapping[str, Any]], path: Path, title: str
+) -> Path:
+    """Loss and throughput over steps, one line per attempt, restarts as dashed vertical lines."""
+    from ftlaunch.estimate.core import rate_series, segment_attempts
+
+    plt = _pyplot()
+    fig, (ax_loss, ax_rate) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
+    rate_label = "steps/s"
+    attempts = segment_attempts(segments, spans)
+    for i, seg in enumerate(segments):
+        attempt = attempts[i]
+        label = f"attempt {attempt}" if attempt is not None else f"segment {i + 1} (attempt unknown)"
+        # One colour per segment on both axes (each axis would otherwise cycle on its own), never
+        # the restart marker's red.
+        color = ATTEMPT_COLORS[i % len(ATTEMPT_COLORS)]
+        steps = [int(r["current_steps"]) for r in seg]
+        ax_loss.plot(steps, [float(r["loss"]) for r in seg], label=label, linewidth=1.2, color=color)
+        rate_label, series = rate_series(seg)
+        if series:
+            ax_rate.plot([s for s, _ in series], [v for _, v in series], label=label, linewidth=1.2, color=color)
+        if i > 0:
+            x = steps[0] - 1  # a resumed attempt logs from the checkpoint's step + 1
+            for ax in (ax_loss, ax_rate):
+                ax.axvline(x, color=RESTART_COLOR, linestyle="--", linewidth=1)
+            ax_loss.annotate(
+                "restart" + (f" (attempt {attempt})" if attempt is not None else ""),
+                (x, 1.0),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                va="top",
+                ha="right",
+                fontsize=8,
+                color=RESTART_COLOR,
+            )
+    ax_loss.set_ylabel("loss")
+    ax_rate.set_ylabel(rate_label)
+    ax_rate.set_xlabel("optimizer step")
+    ax_loss.set_title(title)
+    if len(segments) > 1:
+        ax_loss.legend(loc="upper right")
+        ax_rate.legend(loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,116 @@
+"""What the click edges share: the environment as input, and the option sets, each declared once.
+
+- `target_options`: what to plan for (hardware, batch, memory policy): plan, train, estimate, schedule add.
+- `plan_options`: those plus --mirror and --host-ram: plan, train, schedule add.
+- `run_options`: those plus how the supervisor behaves (--name, retries, --no-recover): every command
+  that starts a run (`train`, `schedule add`). Their values become one `RunOptions`
+  (ftlaunch/run/options.py). An option that only makes sense for one output_dir or one terminal
+  (--fresh, --follow, --foreground) goes on `train` itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+
+def env_now() -> dict[str, str]:
+    """The environment is input, read in one place, at call time."""
+    return dict(os.environ)
+
+
+def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--gpu, --hardware, --source-gpus, --global-batch, --headroom, --params, --model-config."""
+    return _target_options(f, many=False)
+
+
+def compare_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The target options with --gpu and --hardware repeatable (`estimate` compares machines)."""
+    return _target_options(f, many=True)
+
+
+def _target_options(f: Callable[..., Any], many: bool) -> Callable[..., Any]:
+    more = " Repeat it to compare machines." if many else ""
+    f = click.option(
+        "--gpu",
+        multiple=many,
+        help=f"Plan for a catalog card instead of probing: V100-32GB, A100-80GBx4, none.{more}",
+    )(f)
+    f = click.option(
+        "--hardware",
+        "hardware_file",
+        multiple=many,
+        type=click.Path(dir_okay=False),
+        help=f"Plan for a machine captured with `ftlaunch env --json`.{more}",
+    )(f)
+    f = click.option(
+        "--source-gpus",
+        type=click.IntRange(min=1),
+        help="GPUs the config was written for (default 1); sets the source global batch.",
+    )(f)
+    f = click.option("--global-batch", type=click.IntRange(min=1), help="Source global batch, set directly.")(f)
+    f = click.option(
+        "--headroom",
+        type=click.FloatRange(0.0, 0.9),
+        default=0.12,
+        show_default=True,
+        help="Share of GPU memory kept free.",
+    )(f)
+    f = click.option("--params", help="Model size when config.json is not at hand, e.g. 7B.")(f)
+    f = click.option(
+        "--model-config",
+        type=click.Path(dir_okay=False, exists=True),
+        help="A config.json that sizes the model when the weights are elsewhere (hub id).",
+    )(f)
+    return f
+
+
+def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The target options, plus --mirror and --host-ram."""
+    f = target_options(f)
+    f = click.option(
+        "--mirror",
+        help="Pre-download the model (and, for train, hub datasets named in the config) first: auto, hf, "
+        "hf-mirror, modelscope or a URL (plan fetches config.json only).",
+    )(f)
+    f = click.option(
+        "--host-ram",
+        "host_ram_gib",
+        type=click.FloatRange(min=1),
+        help="Host RAM in GiB to plan with (CPU offload); default: this machine's, or the catalog card's machine.",
+    )(f)
+    return f
+
+
+def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The plan options, plus the supervisor's: --name, --max-retries, --max-crash-retries, --no-recover,
+    --on-diverge."""
+    f = plan_options(f)
+    f = click.option("--name", "run_name", help="A name for the run (default: the output_dir's last part).")(f)
+    f = click.option(
+        "--max-retries",
+        type=click.IntRange(min=0),
+        default=4,
+        show_default=True,
+        help="OOM recovery steps without progress before giving up.",
+    )(f)
+    f = click.option(
+        "--max-crash-retries",
+        type=click.IntRange(min=0),
+        default=2,
+        show_default=True,
+        help="Retries after a crash that is not an OOM or a config error.",
+    )(f)
+    f = click.option("--no-recover", is_flag=True, default=None, help="Never retry: a failure ends the run.")(f)
+    f = click.option(
+        "--on-diverge",
+        type=click.Choice(["rollback", "stop", "ignore"]),
+        default="rollback",
+        show_default=True,
+        help="When the loss goes non-finite or spikes: roll back to the last good checkpoint with a lower "
+        "learning rate (at most 2 times), stop, or only record it (docs/health.md).",
+    )(f)
+    return f

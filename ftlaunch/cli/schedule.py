@@ -1,0 +1,189 @@
+"""`ftlaunch schedule ...`: the click edge of ``ftlaunch.schedule.core``. Parse, call, render; no decisions.
+
+Errors are FtlaunchError subclasses; the top-level group (``ftlaunch.cli.main``) maps them to exit codes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+from rich.table import Table
+
+from ftlaunch.cli.options import env_now, run_options
+from ftlaunch.cli.render import Out, add_id_column
+
+console = Out()
+err_console = Out(stderr=True)
+
+
+def _echo_json(obj: Any) -> None:
+    from ftlaunch.cli.render import to_json
+
+    click.echo(to_json(obj))
+
+
+@click.group("schedule")
+def schedule_group() -> None:
+    """Retrain on a schedule: cron calls `ftlaunch schedule run NAME`; runs never overlap.
+
+    Each run trains into <output_dir>/<NAME>-<UTC time>; <output_dir>/latest points at the newest
+    success. See docs/schedule.md.
+
+    \b
+    Example:
+      ftlaunch schedule add nightly cfg.yaml --cron "0 2 * * *" --keep 5
+      ftlaunch schedule list
+      ftlaunch schedule remove nightly
+    """
+
+
+@schedule_group.command("add")
+@click.argument("name")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@click.option("--cron", "cron_expr", required=True, help='When: 5 cron fields or @daily etc., e.g. "0 2 * * *".')
+@click.option("--keep", type=click.IntRange(min=1), help="Keep the N newest successful outputs; prune older ones.")
+@click.option(
+    "--only-if-changed",
+    is_flag=True,
+    help="Skip when config and dataset files are unchanged since the last success.",
+)
+@click.option("--notify", help="On success and failure: POST a JSON summary to this URL, or run this command.")
+@run_options
+@click.option(
+    "--print",
+    "print_only",
+    is_flag=True,
+    help="Register the schedule and print the crontab line and systemd units; install nothing.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print {name, line, units, installed, next} as JSON.")
+def add(
+    name: str,
+    config: str,
+    overrides: tuple[str, ...],
+    cron_expr: str,
+    keep: int | None,
+    only_if_changed: bool,
+    notify: str | None,
+    print_only: bool,
+    as_json: bool,
+    **kw: Any,
+) -> None:
+    """Schedule CONFIG as NAME: check the cron expression, plan the config now, install one crontab line.
+
+    Takes every option `train` takes (hardware, batch, memory, --mirror, --name, retries), so a
+    scheduled run is the same run. The line calls this same Python environment by absolute path and
+    carries FTLAUNCH_HOME, never secrets. Every other line of your crontab stays as it is.
+
+    \b
+    Example:
+      ftlaunch schedule add nightly cfg.yaml --cron "0 2 * * *" --keep 5 --only-if-changed
+      ftlaunch schedule add weekly cfg.yaml learning_rate=1e-5 --cron @weekly --notify https://hooks.example/x
+      ftlaunch schedule add monthly cfg.yaml --cron "0 3 1 * *" --gpu A100-80GB --print   # install it yourself
+    """
+    from ftlaunch.run.options import RunOptions
+    from ftlaunch.schedule.core import ScheduleSpec, add_schedule
+
+    spec = ScheduleSpec(
+        name=name,
+        config=config,
+        cron=cron_expr,
+        overrides=tuple(overrides),
+        keep=keep,
+        only_if_changed=only_if_changed,
+        notify=notify,
+        run=RunOptions.from_kwargs(kw),
+        cwd=os.getcwd(),
+    )
+    a = add_schedule(spec, env_now(), install=not print_only)
+    nxt = a.next_time.strftime("%Y-%m-%d %H:%M") if a.next_time else "never"
+    if as_json:
+        _echo_json({"name": name, "line": a.line, "units": a.units, "installed": a.installed, "next": nxt})
+        return
+    if print_only:
+        click.echo("# crontab line (run `crontab -e` and paste it):")
+        click.echo(a.line)
+        click.echo("\n# or a systemd user timer: save both files, then")
+        click.echo("#   systemctl --user daemon-reload && systemctl --user enable --now " + f"ftlaunch-{name}.timer")
+        for fname, text in a.units.items():
+            click.echo(f"\n# ~/.config/systemd/user/{fname}")
+            click.echo(text, nl=False)
+        err_console.print(f"registered schedule {name} (next {nxt}); nothing installed", highlight=False, markup=False)
+        return
+    click.echo(f"added schedule {name}: {a.record['cron']} (next {nxt} local time)")
+    click.echo(f"  crontab: {a.line}")
+    click.echo(f"  now:     ftlaunch schedule run {name}")
+
+
+@schedule_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One object per schedule.")
+def list_cmd(as_json: bool) -> None:
+    """List schedules: name, cron, config, last run, result, next time.
+
+    \b
+    Example:
+      ftlaunch schedule list
+      ftlaunch schedule list --json
+    """
+    from ftlaunch.schedule.core import list_views
+
+    rows = list_views(env_now())
+    if as_json:
+        _echo_json(rows)
+        return
+    t = Table(title=f"{len(rows)} schedule(s)")
+    add_id_column(t, "name", [r["name"] for r in rows])
+    for col in ("cron", "config", "last run", "result", "next"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(
+            r["name"],
+            str(r.get("cron") or "-"),
+            str(r.get("config") or "-"),
+            f"{r['last_run']} ({r['run_id']})" if r.get("run_id") else str(r.get("last_run") or "-"),
+            str(r.get("result") or "-"),
+            str(r.get("next") or "-")[:16].replace("T", " "),  # local time, to the minute
+        )
+    console.print(t)
+
+
+@schedule_group.command("remove")
+@click.argument("name")
+def remove(name: str) -> None:
+    """Remove schedule NAME: its own crontab line and its record. Outputs and runs stay.
+
+    \b
+    Example:
+      ftlaunch schedule remove nightly
+    """
+    from ftlaunch.schedule.core import remove_schedule
+
+    r = remove_schedule(name, env_now())
+    what = "its crontab line removed" if r.entries_removed else "no crontab line was installed"
+    click.echo(f"removed schedule {name} ({what})")
+
+
+@schedule_group.command("run")
+@click.argument("name")
+def run(name: str) -> None:
+    """Run schedule NAME once, in the foreground: what cron calls; also usable by hand.
+
+    Exits with the run's code; 7 at once if NAME is already running (the skip is recorded);
+    0 when --only-if-changed found nothing new.
+
+    \b
+    Example:
+      ftlaunch schedule run nightly
+    """
+    from ftlaunch.schedule.core import run_schedule
+
+    def say(text: str) -> None:
+        err_console.print(text, highlight=False, markup=False)
+
+    r = run_schedule(name, env_now(), echo=sys.stdout.isatty(), say=say)
+    if r.notify_error:
+        say(f"schedule {name}: notification failed (the run's result stands): {r.notify_error}")
+    sys.exit(r.exit_code)

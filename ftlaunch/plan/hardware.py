@@ -1,0 +1,455 @@
+"""What the machine has: GPUs, host RAM, disk. Values, parsers (pure) and the probe (a thin shell).
+
+The probe never imports torch. Order: NVML (nvidia-ml-py), then ``nvidia-smi --query-gpu``, then
+"no GPU"; each failed step is recorded in ``Hardware.notes`` so a silent fallback cannot hide.
+``CUDA_VISIBLE_DEVICES`` is honoured the way CUDA honours it (indices or UUIDs, cut at the first
+invalid entry; empty means no GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ftlaunch.errors import HardwareError
+
+MIB_PER_GIB = 1024
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    total_mib: int
+    free_mib: int | None = None
+    compute_capability: tuple[int, int] | None = None
+    uuid: str | None = None
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_mib / MIB_PER_GIB
+
+    @property
+    def bf16(self) -> bool:
+        """bf16 needs Ampere (8.0) or newer; unknown capability counts as no (fail closed)."""
+        return self.compute_capability is not None and self.compute_capability >= (8, 0)
+
+    @property
+    def flash_attn(self) -> bool:
+        """FlashAttention-2 kernels need Ampere or newer as well."""
+        return self.bf16
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["compute_capability"] = (
+            f"{self.compute_capability[0]}.{self.compute_capability[1]}" if self.compute_capability else None
+        )
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Gpu:
+        cc = d.get("compute_capability")
+        return cls(
+            index=int(d["index"]),
+            name=str(d["name"]),
+            total_mib=int(d["total_mib"]),
+            free_mib=None if d.get("free_mib") is None else int(d["free_mib"]),
+            compute_capability=parse_compute_capability(cc) if cc is not None else None,
+            uuid=d.get("uuid"),
+        )
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus: tuple[Gpu, ...] = ()
+    source: str = "none"
+    driver_version: str | None = None
+    host_ram_gib: float | None = None
+    host_available_gib: float | None = None
+    disk_free_gib: float | None = None
+    cpu_count: int | None = None
+    versions: Mapping[str, str | None] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def world_size(self) -> int:
+        """Processes the trainer will run: one per GPU, one on a CPU-only machine."""
+        return max(1, len(self.gpus))
+
+    @property
+    def bf16(self) -> bool:
+        return bool(self.gpus) and all(g.bf16 for g in self.gpus)
+
+    @property
+    def gpu_model(self) -> str:
+        if not self.gpus:
+            return "cpu"
+        names = sorted({g.name for g in self.gpus})
+        return "+".join(names)
+
+    def describe(self) -> str:
+        if not self.gpus:
+            return "no GPU (CPU only)"
+        g = self.gpus[0]
+        cc = g.compute_capability
+        ccs = f", cc {cc[0]}.{cc[1]}" if cc else ""
+        count = f"{len(self.gpus)}x " if len(self.gpus) > 1 else ""
+        return f"{count}{g.name} ({g.total_gib:.0f} GiB{ccs})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": [g.to_dict() for g in self.gpus],
+            "source": self.source,
+            "driver_version": self.driver_version,
+            "host_ram_gib": self.host_ram_gib,
+            "host_available_gib": self.host_available_gib,
+            "disk_free_gib": self.disk_free_gib,
+            "cpu_count": self.cpu_count,
+            "versions": dict(self.versions),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str | None = None) -> Hardware:
+        try:
+            return cls(
+                gpus=tuple(Gpu.from_dict(g) for g in d.get("gpus", [])),
+                source=source or str(d.get("source", "file")),
+                driver_version=d.get("driver_version"),
+                host_ram_gib=d.get("host_ram_gib"),
+                host_available_gib=d.get("host_available_gib"),
+                disk_free_gib=d.get("disk_free_gib"),
+                cpu_count=d.get("cpu_count"),
+                versions=dict(d.get("versions") or {}),
+                notes=tuple(d.get("notes") or ()),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HardwareError(
+                f"hardware description is malformed: {exc!r}",
+                hint="write it with `ftlaunch env --json > hw.json` on the target machine",
+            ) from exc
+
+
+# ---------------------------------------------------------------- catalog (what-if planning)
+
+# name -> (marketing name, memory MiB as NVML reports it, compute capability)
+CATALOG: dict[str, tuple[str, int, tuple[int, int]]] = {
+    "P100-16GB": ("Tesla P100-PCIE-16GB", 16280, (6, 0)),
+    "V100-16GB": ("Tesla V100-SXM2-16GB", 16160, (7, 0)),
+    "V100-32GB": ("Tesla V100-SXM2-32GB", 32510, (7, 0)),
+    "T4": ("Tesla T4", 15360, (7, 5)),
+    "RTX2080TI": ("NVIDIA GeForce RTX 2080 Ti", 11264, (7, 5)),
+    "A10": ("NVIDIA A10", 23028, (8, 6)),
+    "A10G": ("NVIDIA A10G", 23028, (8, 6)),
+    "L4": ("NVIDIA L4", 23034, (8, 9)),
+    "L40S": ("NVIDIA L40S", 46068, (8, 9)),
+    "RTX3090": ("NVIDIA GeForce RTX 3090", 24576, (8, 6)),
+    "RTX4090": ("NVIDIA GeForce RTX 4090", 24564, (8, 9)),
+    "A6000": ("NVIDIA RTX A6000", 49140, (8, 6)),
+    "A100-40GB": ("NVIDIA A100-SXM4-40GB", 40960, (8, 0)),
+    "A100-80GB": ("NVIDIA A100-SXM4-80GB", 81920, (8, 0)),
+    "H100-80GB": ("NVIDIA H100 80GB HBM3", 81559, (9, 0)),
+    "H200": ("NVIDIA H200", 143771, (9, 0)),
+}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^A-Z0-9]", "", name.upper())
+
+
+def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
+    """``V100-32GB``, ``A100-80GBx4``, ``4xA100-80GB`` or ``none`` -> a Hardware value."""
+    text = spec.strip()
+    if text.lower() in {"none", "cpu"}:
+        return Hardware(source="catalog:none", host_ram_gib=host_ram_gib)
+    count = 1
+    m = re.fullmatch(r"(.+?)\s*[xX\*]\s*(\d+)", text) or None
+    names = [_norm(k) for k in CATALOG]
+    whole_is_a_name = any(n.startswith(_norm(text)) for n in names)  # "RTX4090" is not "RT" x 4090
+    if m and not whole_is_a_name and any(n.startswith(_norm(m.group(1))) for n in names):
+        text, count = m.group(1), int(m.group(2))
+    else:
+        m2 = re.fullmatch(r"(\d+)\s*[xX\*]\s*(.+)", text)
+        if m2:
+            count, text = int(m2.group(1)), m2.group(2)
+    wanted = _norm(text)
+    matches = [k for k in CATALOG if _norm(k) == wanted]
+    if not matches:
+        # Accept "H100" for "H100-80GB" and "V100" when the prefix is unambiguous.
+        matches = [k for k in CATALOG if _norm(k).startswith(wanted)]
+    if count < 1:
+        raise HardwareError(f"--gpu {spec!r}: the card count must be 1 or more", hint="e.g. A100-80GBx4")
+    if len(matches) > 1:
+        raise HardwareError(
+            f"--gpu {spec!r} is ambiguous: it could be {' or '.join(matches)}",
+            hint=f"name one of them, e.g. --gpu {matches[0]}" + (f"x{count}" if count > 1 else ""),
+        )
+    if not matches:
+        raise HardwareError(
+            f"--gpu {spec!r} is not in the catalog",
+            hint=f"use one of: {', '.join(CATALOG)}, optionally with xN (e.g. A100-80GBx4), or 'none'; "
+            "or capture the machine with `ftlaunch env --json` and pass --hardware FILE",
+        )
+    key = matches[0]
+    full, mib, cc = CATALOG[key]
+    gpus = tuple(Gpu(index=i, name=full, total_mib=mib, free_mib=mib, compute_capability=cc) for i in range(count))
+    return Hardware(gpus=gpus, source=f"catalog:{key}x{count}", host_ram_gib=host_ram_gib)
+
+
+def load_hardware_file(path: str | Path) -> Hardware:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError as exc:
+        raise HardwareError(f"hardware file {p} does not exist") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HardwareError(
+            f"hardware file {p} is not valid JSON: {exc}",
+            hint="write it with `ftlaunch env --json > hw.json`",
+        ) from exc
+    if not isinstance(data, dict):
+        raise HardwareError(f"hardware file {p} must hold a JSON object")
+    hw = Hardware.from_dict(data, source=f"file:{p}")
+    return hw
+
+
+# ---------------------------------------------------------------- pure parsers
+
+
+def parse_compute_capability(value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return int(value[0]), int(value[1])
+    text = str(value).strip()
+    m = re.fullmatch(r"(\d+)\.(\d+)", text)
+    if not m:
+        return None
+    return int(m.group(1)), int(m.group(2))
+
+
+NVIDIA_SMI_QUERY = "index,name,memory.total,memory.free,compute_cap,uuid,driver_version"
+
+
+def parse_nvidia_smi_csv(text: str) -> tuple[list[Gpu], str | None]:
+    """Parse ``nvidia-smi --query-gpu=NVIDIA_SMI_QUERY --format=csv,noheader,nounits`` output."""
+    gpus: list[Gpu] = []
+    driver: str | None = None
+    for line in text.strip().splitlines():
+        if not line.strip():
+            continue
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) < 4:
+            raise HardwareError(f"unexpected nvidia-smi line: {line!r}")
+        cc = parse_compute_capability(cols[4]) if len(cols) > 4 else None
+        try:
+            gpus.append(
+                Gpu(
+                    index=int(cols[0]),
+                    name=cols[1],
+                    total_mib=int(float(cols[2])),
+                    free_mib=int(float(cols[3])) if cols[3] not in {"[N/A]", "N/A"} else None,
+                    compute_capability=cc,
+                    uuid=cols[5] if len(cols) > 5 else None,
+                )
+            )
+        except ValueError as exc:
+            raise HardwareError(f"unexpected nvidia-smi line: {line!r}") from exc
+        if len(cols) > 6:
+            driver = cols[6]
+    return gpus, driver
+
+
+def filter_visible(gpus: Sequence[Gpu], cuda_visible_devices: str | None) -> list[Gpu]:
+    """Apply CUDA_VISIBLE_DEVICES as CUDA does: a list of indices or UUIDs, stop at the first bad one.
+
+    The result is renumbered 0..n-1, as the trainer will see it.
+    """
+    if cuda_visible_devices is None:
+        return list(gpus)
+    chosen: list[Gpu] = []
+    for raw in cuda_visible_devices.split(","):
+        item = raw.strip()
+        if not item:
+            break
+        found: Gpu | None = None
+        if re.fullmatch(r"\d+", item):
+            found = next((g for g in gpus if g.index == int(item)), None)
+        else:
+            found = next((g for g in gpus if g.uuid and g.uuid.startswith(item)), None)
+        if found is None or found in chosen:
+            break
+        chosen.append(found)
+    return [replace(g, index=i) for i, g in enumerate(chosen)]
+
+
+def gpus_from_nvml(nvml: Any) -> tuple[list[Gpu], str | None]:
+    """Read GPUs through a pynvml-like module (injected, so tests can pass a recorded one)."""
+    nvml.nvmlInit()
+    try:
+        driver = nvml.nvmlSystemGetDriverVersion()
+        if isinstance(driver, bytes):
+            driver = driver.decode()
+        gpus = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            name = nvml.nvmlDeviceGetName(h)
+            if isinstance(name, bytes):
+                name = name.decode()
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                cc = tuple(nvml.nvmlDeviceGetCudaComputeCapability(h))
+            except Exception:  # old drivers lack the call; unknown capability fails closed
+                cc = None
+            uuid = nvml.nvmlDeviceGetUUID(h)
+            if isinstance(uuid, bytes):
+                uuid = uuid.decode()
+            gpus.append(
+                Gpu(
+                    index=i,
+                    name=str(name),
+                    total_mib=int(mem.total // (1024 * 1024)),
+                    free_mib=int(mem.free // (1024 * 1024)),
+                    compute_capability=cc,  # type: ignore[arg-type]
+                    uuid=uuid,
+                )
+            )
+        return gpus, driver
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------- the shell
+
+
+def _load_pynvml() -> Any:
+    import pynvml  # nvidia-ml-py; light, no CUDA runtime needed
+
+    return pynvml
+
+
+def _run_nvidia_smi() -> str:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise FileNotFoundError("nvidia-smi not on PATH")
+    out = subprocess.run(
+        [exe, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=15,
+        check=True,
+    )
+    return out.stdout
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for pkg in ("ftlaunch", "llamafactory", "torch", "transformers", "deepspeed", "peft"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def probe(
+    env: Mapping[str, str],
+    *,
+    disk_path: str | Path = ".",
+    nvml_loader: Callable[[], Any] = _load_pynvml,
+    smi_runner: Callable[[], str] = _run_nvidia_smi,
+) -> Hardware:
+    """Probe this machine. Never raises for a missing GPU: records why in ``notes``."""
+    import os
+
+    import psutil
+
+    notes: list[str] = []
+    gpus: list[Gpu] = []
+    driver: str | None = None
+    source = "none"
+    try:
+        gpus, driver = gpus_from_nvml(nvml_loader())
+        source = "nvml"
+    except Exception as exc:  # NVML missing or no driver: fall back, but say why
+        notes.append(f"NVML unavailable: {exc}")
+        try:
+            gpus, driver = parse_nvidia_smi_csv(smi_runner())
+            source = "nvidia-smi"
+        except Exception as exc2:
+            notes.append(f"nvidia-smi unavailable: {exc2}")
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if gpus and visible is not None:
+        before = len(gpus)
+        gpus = filter_visible(gpus, visible)
+        notes.append(f"CUDA_VISIBLE_DEVICES={visible!r}: {len(gpus)} of {before} GPUs visible")
+    vm = psutil.virtual_memory()
+    disk_dir = Path(disk_path)
+    while not disk_dir.exists() and disk_dir != disk_dir.parent:
+        disk_dir = disk_dir.parent
+    try:
+        disk_free = shutil.disk_usage(disk_dir).free / 2**30
+    except OSError:
+        disk_free = None
+    return Hardware(
+        gpus=tuple(gpus),
+        source=source,
+        driver_version=driver,
+        host_ram_gib=round(vm.total / 2**30, 2),
+        host_available_gib=round(vm.available / 2**30, 2),
+        disk_free_gib=None if disk_free is None else round(disk_free, 2),
+        cpu_count=os.cpu_count(),
+        versions=_versions(),
+        notes=tuple(notes),
+    )
+
+
+def _usage_per_device(pids: set[int], nvml_loader: Callable[[], Any]) -> list[int] | None:
+    """Bytes these processes use on each GPU, per NVML; None when NVML cannot tell."""
+    try:
+        nvml = nvml_loader()
+        nvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        out = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            out.append(sum(int(proc.usedGpuMemory or 0) for proc in procs if proc.pid in pids))
+        return out
+    except Exception:
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def gpu_memory_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml) -> float | None:
+    """GiB of GPU memory used by these processes, all GPUs together, per NVML; None when NVML cannot tell."""
+    used = _usage_per_device(pids, nvml_loader)
+    return None if used is None else round(sum(used) / 2**30, 2)
+
+
+def gpu_peak_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml) -> float | None:
+    """GiB used by these processes on the busiest GPU (the memory model is per GPU); None when NVML
+    cannot tell (no GPU, no driver) or they hold no GPU memory."""
+    busiest = max(_usage_per_device(pids, nvml_loader) or [], default=0)
+    return round(busiest / 2**30, 3) if busiest else None

@@ -1,0 +1,288 @@
+"""Glue between the planner and the memory model: finds the model's shape and builds the chooser.
+
+``model_spec_for`` reads config.json and ``installed_default_optimizer`` reads package versions
+(small shells); ``make_memory_chooser`` returns a pure callable the planner calls with the config it
+is building, and ``host_ram_for`` decides which host RAM a plan may count on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ftlaunch.errors import ConfigError, DoesNotFitError
+from ftlaunch.plan.hardware import Hardware
+from ftlaunch.run.recovery import ZERO3_OFFLOAD
+
+
+@dataclass(frozen=True)
+class MemoryDecision:
+    micro_batch: int | None
+    memory: dict[str, Any]
+    edits: tuple[tuple[str, Any, str], ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    batch_reason: str | None = None
+
+
+def model_spec_for(
+    values: Mapping[str, Any], params: str | None, model_config: str | None = None
+) -> tuple[Any, str | None]:
+    """(ModelSpec or None, a note when the size is unknown or guessed).
+
+    Order: --model-config FILE, --params, a local model directory's config.json.
+    """
+    import json
+
+    from ftlaunch.plan import modelspec
+
+    if model_config:
+        try:
+            return modelspec.spec_from_config(json.loads(Path(model_config).read_text())), None
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"--model-config {model_config}: {exc}") from None
+
+    if params:
+        try:
+            return modelspec.spec_from_param_count(params), f"model size from --params {params} (shapes guessed)"
+        except ValueError as exc:
+            raise ConfigError(f"--params {params!r}: {exc}") from None
+    path = values.get("model_name_or_path")
+    if isinstance(path, str) and Path(path).is_dir():
+        try:
+            spec = modelspec.load_model_spec(path)
+        except (ValueError, KeyError) as exc:
+            return None, f"{path}/config.json: cannot size the model ({exc}); memory model skipped"
+        if spec is not None:
+            return spec, None
+    return None, (
+        f"model size unknown for {path!r} (not a local directory with config.json): memory model "
+        "skipped; download it first (`ftlaunch download`) or pass --params 7B"
+    )
+
+
+# A what-if plan for a catalog card (--gpu) knows nothing of that machine's host RAM. Single-GPU
+# cloud machines commonly pair a card with at least twice its memory in RAM; this is an assumption,
+# said in every reason that relies on it, and --host-ram replaces it.
+ASSUMED_HOST_RAM_PER_GPU_GIB = 2.0
+
+
+def host_ram_for(hw: Hardware) -> tuple[float | None, str | None]:
+    """(host RAM GiB the plan may count on, a note when it is assumed). Pure.
+
+    A probed machine or a ``--hardware`` file carries its own RAM. A catalog card (``--gpu``) without
+    an explicit ``--host-ram`` gets ASSUMED_HOST_RAM_PER_GPU_GIB x its GPU memory, never the RAM of
+    the machine planning it.
+    """
+    if hw.host_ram_gib is not None:
+        return hw.host_ram_gib, None
+    if hw.source.startswith("catalog:") and hw.gpus:
+        assumed = round(ASSUMED_HOST_RAM_PER_GPU_GIB * sum(g.total_gib for g in hw.gpus))
+        return float(assumed), f"unknown for a --gpu what-if, assumed {assumed} GiB; pass --host-ram"
+    return None, None
+
+
+def installed_default_optimizer() -> tuple[str, str]:
+    """(optimizer HF Trainer uses when ``optim`` is unset, why), from the installed transformers and
+    torch versions (importlib.metadata: nothing is imported)."""
+    from importlib import metadata
+
+    from ftlaunch.plan.memory.model import default_optimizer
+
+    versions: dict[str, str | None] = {}
+    for pkg in ("transformers", "torch"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    optim = default_optimizer(versions["transformers"], versions["torch"])
+    seen = ", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items())
+    return optim, f"optim unset: {optim} is the default with {seen}"
+
+
+def raw_model_config(values: Mapping[str, Any], model_config: str | None = None) -> dict[str, Any] | None:
+    """The config.json dict the simulator builds the model from: --model-config FILE, else a local
+    model directory's config.json; None when there is none (``--params`` only guesses shapes)."""
+    import json
+
+    path = Path(model_config) if model_config else None
+    if path is None:
+        local = values.get("model_name_or_path")
+        if isinstance(local, str) and (Path(local) / "config.json").is_file():
+            path = Path(local) / "config.json"
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if isinstance(data.get("text_config"), dict):  # composite (vision) models: the language model only
+        data = {"model_type": data["text_config"].get("model_type", data.get("model_type")), **data["text_config"]}
+    return data
+
+
+def simulate_plan(plan: Any, model_config: str | None = None, *, python: str | None = None) -> dict[str, Any]:
+    """Run the simulator (a child process, ftlaunch.plan.simulate) on the setup ``plan`` chose.
+
+    Returns the simulated tensor peak and, comparable with the card, that peak plus the same
+    overhead the formulas add; beside them the formula's figures. What cannot be simulated (QLoRA,
+    flash-attention, DeepSpeed, 8-bit optimizers) is listed and the formula stands alone.
+    """
+    from ftlaunch.plan.memory import model as memory
+    from ftlaunch.plan.simulate import run_child
+
+    mem = dict(plan.memory or {})
+    out: dict[str, Any] = {
+        "formula_tensors_gib": mem.get("tensors_gib"),
+        "formula_peak_gib": mem.get("peak_gib"),
+    }
+    # kernels that replace transformers' modules (and their memory) are not in the simulator
+    kernels = [k for k in ("enable_liger_kernel", "use_unsloth", "use_unsloth_gc") if plan.config.get(k)]
+    if kernels:
+        out["unsupported"] = [f"{k} (kernels the simulator does not run)" for k in kernels]
+        return out
+    cfg = raw_model_config(plan.config, model_config)
+    if cfg is None or not plan.hardware.gpus:
+        out["error"] = "no config.json to build the model from" if cfg is None else "no GPU: nothing to simulate"
+        return out
+    setup = memory.setup_from_config(
+        dict(plan.config),
+        world_size=plan.world_size,
+        default_optim=str(mem.get("optimizer") or "adamw_torch"),
+    )
+    res = run_child(cfg, setup, python=python)
+    out.update(res.to_dict())
+    out["simulated_tensors_gib"] = out.pop("peak_gib")
+    if res.peak_gib is not None:
+        out["simulated_peak_gib"] = round(memory.peak_from_tensors(res.peak_gib, plan.world_size), 2)
+    return out
+
+
+def simulation_wanted(plan: Any, simulate: bool | None) -> bool:
+    """`train` simulates when asked, or by itself when the verdict is tight (None). Pure."""
+    return simulate is True or (simulate is None and (plan.memory or {}).get("verdict") == "tight")
+
+
+def with_simulation(plan: Any, sim: Mapping[str, Any]) -> Any:
+    """The plan with the simulator's result in its memory (plan.json) and, when the simulated peak
+    exceeds the card, a warning (the OOM ladder stands by). Pure."""
+    from dataclasses import replace
+
+    warnings = list(plan.warnings)
+    capacity = (plan.memory or {}).get("capacity_gib")
+    if sim.get("simulated_peak_gib") and capacity and sim["simulated_peak_gib"] > capacity:
+        warnings.append(
+            f"the simulator puts the peak at {sim['simulated_peak_gib']:.2f} GiB, above the card's {capacity:.2f} GiB: "
+            "expect an OOM; recovery will step the micro-batch down (global batch kept)"
+        )
+    return replace(plan, memory={**(plan.memory or {}), "simulated": dict(sim)}, warnings=tuple(warnings))
+
+
+def make_memory_chooser(
+    spec: Any,
+    deepspeed_config: Mapping[str, Any] | None,
+    *,
+    headroom: float,
+    default_optim: tuple[str, str] | None = None,
+    observed: Mapping[str, Any] | None = None,
+):
+    """The planner's memory callback. ``default_optim`` = (name, why) from
+    :func:`installed_default_optimizer`, read once by the caller (default: read here, now).
+    ``observed`` = what an earlier run of this config on this card used
+    (``memory_store.recall(env, key)["observed"]``): predictions are scaled up to it."""
+    from ftlaunch.plan.memory import model as memory
+    from ftlaunch.plan.memory_store import correction_from
+
+    optim_default, optim_why = default_optim or installed_default_optimizer()
+    correction, correction_why = correction_from(observed)
+
+    def choose(values: Mapping[str, Any], hw: Hardware, per_device: int, preferred: int) -> MemoryDecision | None:
+        if not hw.gpus:
+            return None  # CPU training: host RAM, not a card, is the limit; no micro-batch model
+        ds = deepspeed_config if values.get("deepspeed") else None
+        setup = memory.setup_from_config(
+            dict(values), world_size=hw.world_size, deepspeed_config=ds, default_optim=optim_default
+        )
+        capacity = min(g.total_gib for g in hw.gpus)
+        host_ram, host_note = host_ram_for(hw)
+        choice = memory.choose_micro_batch(
+            spec,
+            setup,
+            capacity_gib=capacity,
+            per_device_batch=per_device,
+            headroom=headroom,
+            host_ram_gib=host_ram,
+            host_ram_note=host_note,
+            bf16_capable=hw.bf16,
+            can_flash=all(g.flash_attn for g in hw.gpus),
+            correction=correction,
+        )
+        est = choice.estimate.to_dict()
+        usable = capacity * (1 - headroom)
+        mem = {
+            **est,
+            "capacity_gib": round(capacity, 2),
+            "usable_gib": round(usable, 2),
+            "headroom": headroom,
+            "verdict": choice.verdict,
+            "headroom_gib": round(choice.headroom_gib, 2),
+            "headroom_share": round(choice.headroom_share, 4),
+            "fits": choice.micro_batch is not None,
+            "tried": [list(t) for t in choice.tried],
+            "model_params": spec.params,
+            "optimizer": choice.setup.optimizer,
+            "optimizer_source": "config" if values.get("optim") else optim_why,
+            "host_ram_gib": host_ram,
+            "host_ram_note": host_note,
+            "correction": round(correction, 4),
+            "correction_note": correction_why,
+        }
+        if choice.micro_batch is None:
+            alternatives = [dict(a) for a in choice.alternatives]
+            peak, limit = memory.gib_pair(est["peak_gib"], capacity * (1 - min(headroom, memory.MIN_HEADROOM)))
+            raise DoesNotFitError(
+                f"{spec.params / 1e9:.2f}B-parameter model, {setup.finetuning_type} fine-tuning, "
+                f"cutoff_len {setup.seq_len}: peak {peak} GiB at micro-batch 1 > {limit} GiB on "
+                f"{hw.describe()}: capacity less {memory.MIN_HEADROOM:.0%}, the least headroom even a tight "
+                f"plan keeps (target {headroom:.0%})",
+                hint="ftlaunch never changes the method or data on its own; pick one of the options above "
+                "(ordered: same numbers first, then numerics, then method or data)",
+                alternatives=alternatives,
+                payload={
+                    "hardware": hw.to_dict(),
+                    "config": dict(values),
+                    "memory": {**mem, "alternatives": alternatives},
+                },
+            )
+        edits: list[tuple[str, Any, str]] = []
+        env: dict[str, str] = {}
+        for key, _old, new, reason in choice.changes:
+            if new == ZERO3_OFFLOAD:
+                from ftlaunch.run.supervisor import offload_config_path
+
+                new = offload_config_path()
+                env.update({"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "1"})
+            edits.append((key, new, reason))
+        warnings: tuple[str, ...] = (correction_why,) if correction_why else ()
+        if choice.verdict == memory.TIGHT:
+            reason = (
+                f"TIGHT: largest micro-batch dividing {per_device} within the card: predicted peak "
+                f"{est['peak_gib']:.2f} GiB of {capacity:.2f} GiB leaves {choice.headroom_share:.1%} "
+                f"({choice.headroom_gib:.2f} GiB) headroom, less than the {headroom:.0%} target"
+            )
+            warnings += (
+                f"tight: predicted peak {est['peak_gib']:.2f} GiB of {capacity:.2f} GiB "
+                f"({choice.headroom_share:.1%} headroom, target {headroom:.0%}); an OOM is recovered by the "
+                "next rung (smaller micro-batch, then offload)",
+            )
+        else:
+            reason = (
+                f"largest micro-batch dividing {per_device} that fits: predicted peak "
+                f"{est['peak_gib']:.1f} GiB <= {usable:.1f} GiB usable ({capacity:.0f} GiB, {headroom:.0%} headroom); "
+                f"fits, {choice.headroom_share:.0%} of the card free"
+            )
+        return MemoryDecision(choice.micro_batch, mem, tuple(edits), env, warnings, reason)
+
+    return choose

@@ -1,0 +1,367 @@
+"""Numeric health of a training run: judge trainer records, and what to change after a divergence.
+
+Pure core: ``observe(verdict, record) -> verdict`` folds one ``trainer_log.jsonl`` record (or one
+``trainer_state.json`` ``log_history`` entry) into a frozen verdict, so the supervisor judges each
+record once as it arrives. ``remedy`` (the ladder) and ``decide`` (roll back, stop or give up) are
+pure too. The shell that reads checkpoints and sets them aside is ``ftlaunch.run.rollback``.
+
+What llamafactory 0.9.5 really writes (measured on the tiny model, fp32 on the CPU, see
+``docs/health.md``): ``trainer_log.jsonl`` has no ``grad_norm``; a NaN loss is written as the JSON
+token ``NaN`` only when ``logging_nan_inf_filter`` is off. With HF's default (on), a NaN step's loss
+is replaced by the average of the earlier losses of the logging window, which is exactly ``0.0``
+when every step of the window was NaN: so an exact 0.0 after a positive loss is read as a hidden NaN.
+A checkpoint's ``trainer_state.json`` keeps ``grad_norm`` per logged step (``NaN`` tokens included).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+MAX_ROLLBACKS = 2
+
+
+class Health(StrEnum):
+    FINITE = "finite"
+    SPIKY = "spiky"  # a loss spike in the last `window` records, not (yet) sustained
+    DIVERGED = "diverged"
+
+
+class Signal(StrEnum):
+    NONFINITE_LOSS = "nonfinite_loss"
+    HIDDEN_NAN = "hidden_nan_loss"  # loss exactly 0.0 after a positive one: logging_nan_inf_filter
+    NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
+    LOSS_SPIKE = "loss_spike"
+    SCALER_SKIPS = "scaler_skips"  # fp16: the loss scaler skipped step after step
+
+
+class OnDiverge(StrEnum):
+    ROLLBACK = "rollback"
+    STOP = "stop"
+    IGNORE = "ignore"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a run counts as diverged. Defaults are documented in docs/health.md."""
+
+    spike_factor: float = 3.0  # a loss above this x the running median is a spike
+    window: int = 20  # records in the running median
+    sustain: int = 3  # consecutive spike records that make a divergence
+    min_history: int = 5  # finite losses needed before spikes are judged
+    # fp16: consecutive records with a non-finite grad_norm. GradScaler starts at 2**16 and halves the
+    # scale on each overflow, so a few skips while it settles are normal; ten in a row is a collapse.
+    max_scaler_skips: int = 10
+    zero_loss_is_nan: bool = True
+
+
+def thresholds_from(text: str | None) -> Thresholds:
+    """Parse ``spike_factor=4,window=50`` (FTLAUNCH_HEALTH). Unknown keys or bad values raise ValueError."""
+    t = Thresholds()
+    if not text or not text.strip():
+        return t
+    changes: dict[str, Any] = {}
+    for part in text.split(","):
+        key, sep, raw = part.partition("=")
+        key = key.strip()
+        if not sep or key not in Thresholds.__dataclass_fields__:
+            raise ValueError(f"FTLAUNCH_HEALTH: unknown setting {part.strip()!r}")
+        kind = type(getattr(t, key))
+        if kind is bool:
+            changes[key] = raw.strip().lower() in ("1", "true", "yes", "on")
+        else:
+            changes[key] = kind(raw.strip())
+            if changes[key] <= 0:
+                raise ValueError(f"FTLAUNCH_HEALTH: {key} must be positive")
+    return replace(t, **changes)
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    step: int | None
+    signal: Signal
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "signal": self.signal.value, "values": self.values}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The health of one attempt so far; also the fold's state."""
+
+    health: Health = Health.FINITE
+    first_bad: BadRecord | None = None  # set once diverged
+    last_good_step: int | None = None  # the last record judged good before the first bad one
+    records: int = 0
+    recent: tuple[float, ...] = ()  # finite, non-spike losses, the last `window`
+    spikes: tuple[BadRecord, ...] = ()  # the current run of consecutive spikes
+    since_spike: int | None = None  # records since the last spike (None: none yet)
+    skips: tuple[BadRecord, ...] = ()  # fp16: the current run of non-finite grad_norms
+    seen_positive_loss: bool = False
+
+    @property
+    def diverged(self) -> bool:
+        return self.health is Health.DIVERGED
+
+    def message(self) -> str:
+        if self.first_bad is None:
+            return self.health.value
+        b = self.first_bad
+        vals = ", ".join(f"{k}={v}" for k, v in b.values.items())
+        return f"diverged at step {b.step}: {b.signal.value} ({vals})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "health": self.health.value,
+            "first_bad": self.first_bad.to_dict() if self.first_bad else None,
+            "last_good_step": self.last_good_step,
+        }
+
+
+def as_number(value: Any) -> float | None:
+    """A logged value as a float: JSON numbers, NaN/Infinity tokens, and strings ('nan', '1e+04')."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _shown(value: Any) -> Any:
+    """A logged value for events and state: non-finite floats as text, so the JSON stays strict."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _step_of(rec: Mapping[str, Any]) -> int | None:
+    step = rec.get("current_steps", rec.get("step"))
+    return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else None
+
+
+def _bad(v: Verdict, b: BadRecord, records: int) -> Verdict:
+    good = v.last_good_step
+    if good is not None and b.step is not None and good >= b.step:  # a console grad_norm arrived late
+        good = b.step - 1
+    return replace(v, health=Health.DIVERGED, first_bad=b, last_good_step=good, records=records, spikes=(), skips=())
+
+
+def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *, fp16: bool = False) -> Verdict:
+    """Fold one record into the verdict. Records without a training loss (eval, the summary) count only.
+
+    Once diverged the verdict stays diverged: the first bad record is what a rollback needs.
+    """
+    n = v.records + 1
+    if v.diverged:
+        return replace(v, records=n)
+    step = _step_of(rec)
+    has_loss = "loss" in rec
+    loss = as_number(rec.get("loss"))
+    grad = as_number(rec.get("grad_norm")) if "grad_norm" in rec else None
+    if has_loss and (loss is None or not math.isfinite(loss)):
+        return _bad(v, BadRecord(step, Signal.NONFINITE_LOSS, {"loss": _shown(rec.get("loss"))}), n)
+    if loss is not None and loss == 0.0 and v.seen_positive_loss and t.zero_loss_is_nan:
+        return _bad(v, BadRecord(step, Signal.HIDDEN_NAN, {"loss": 0.0}), n)
+    skips = v.skips
+    if "grad_norm" in rec and (grad is None or not math.isfinite(grad)):
+        b = BadRecord(step, Signal.NONFINITE_GRAD_NORM, {"grad_norm": _shown(rec.get("grad_norm"))})
+        if not fp16:
+            return _bad(v, b, n)
+        # fp16: the dynamic loss scaler skips an overflowing step and lowers the scale; a few are normal.
+        skips = (*v.skips, replace(b, signal=Signal.SCALER_SKIPS))
+        if len(skips) >= t.max_scaler_skips:
+            first = skips[0]
+            return _bad(v, replace(first, values={**first.values, "consecutive": len(skips)}), n)
+    else:
+        skips = ()
+    if loss is None:
+        return replace(v, records=n, skips=skips)
+    positive = v.seen_positive_loss or loss > 0
+    if len(v.recent) >= t.min_history:
+        median = statistics.median(v.recent)
+        if median > 0 and loss > t.spike_factor * median:
+            spike = BadRecord(step, Signal.LOSS_SPIKE, {"loss": loss, "median": round(median, 6)})
+            spikes = (*v.spikes, spike)
+            if len(spikes) >= t.sustain:
+                first = spikes[0]
+                return _bad(v, replace(first, values={**first.values, "sustained": len(spikes)}), n)
+            return replace(
+                v,
+                health=Health.SPIKY,
+                records=n,
+                spikes=spikes,
+                since_spike=0,
+                skips=skips,
+                seen_positive_loss=positive,
+            )
+    # A good record: it extends the median's window and is a candidate rollback point.
+    since = None if v.since_spike is None else v.since_spike + 1
+    spiky = since is not None and since < t.window
+    return replace(
+        v,
+        health=Health.SPIKY if spiky else Health.FINITE,
+        records=n,
+        recent=(*v.recent, loss)[-t.window :],
+        spikes=(),
+        since_spike=since if spiky else None,
+        skips=skips,
+        # Inside a run of fp16 skips the step is not yet known good: the run may become the divergence.
+        last_good_step=step if step is not None and not skips else v.last_good_step,
+        seen_positive_loss=positive,
+    )
+
+
+# HF's console log line of a training step (transformers 5: values as strings), after tqdm's bar:
+#   {'loss': '6.211', 'grad_norm': 'nan', 'learning_rate': '1e+08', 'epoch': '0.125'}
+_CONSOLE = re.compile(r"\{'loss': [^{}]*'grad_norm': [^{}]*\}")
+_PAIR = re.compile(r"'(\w+)': '?([^',}]*)'?")
+
+
+def parse_console(line: str) -> list[dict[str, Any]]:
+    """The training-step dicts HF printed in one console line (tqdm joins many with \\r): loss,
+    grad_norm, learning_rate, epoch. ``trainer_log.jsonl`` lacks grad_norm; this is where it is live."""
+    if "'grad_norm'" not in line:
+        return []
+    return [{k: v.strip() for k, v in _PAIR.findall(m.group(0))} for m in _CONSOLE.finditer(line)]
+
+
+def judge(
+    records: Iterable[Mapping[str, Any]],
+    t: Thresholds = Thresholds(),
+    *,
+    fp16: bool = False,
+    start: Verdict | None = None,
+) -> Verdict:
+    v = start or Verdict()
+    for rec in records:
+        v = observe(v, rec, t, fp16=fp16)
+    return v
+
+
+def history_is_clean(
+    log_history: Iterable[Mapping[str, Any]], t: Thresholds = Thresholds(), *, fp16: bool = False
+) -> bool:
+    """A checkpoint's own trainer_state.json log_history: no divergence up to the checkpoint."""
+    return not judge([r for r in log_history if "loss" in r or "grad_norm" in r], t, fp16=fp16).diverged
+
+
+# ---------------------------------------------------------------- the remedy ladder
+
+
+@dataclass(frozen=True)
+class Remedy:
+    edits: dict[str, Any]
+    what: str
+
+
+def remedy(n: int, config: Mapping[str, Any], *, fp32_fits: bool = False) -> Remedy:
+    """The change for rollback ``n`` (1-based). Batch keys are never touched: the global batch stays.
+
+    Rungs, in order, skipping those that do not apply: learning rate x0.5; ``max_grad_norm`` 1.0 when
+    clipping was off (0/null) or looser; fp32 instead of fp16 when the memory model says it fits.
+    Past the rungs, the learning rate is halved again.
+    """
+    lr = as_number(config.get("learning_rate"))
+    lr = 5e-5 if lr is None else lr  # HF TrainingArguments' default
+    halve = Remedy({"learning_rate": lr / 2}, f"learning_rate {lr:g} -> {lr / 2:g}")
+    rungs = [halve]
+    clip = config.get("max_grad_norm", 1.0)  # HF's default is 1.0
+    clip_n = as_number(clip)
+    if clip is None or clip_n is None or clip_n <= 0 or clip_n > 1.0:
+        rungs.append(Remedy({"max_grad_norm": 1.0}, f"max_grad_norm {clip} -> 1.0"))
+    if config.get("fp16") and fp32_fits:
+        rungs.append(Remedy({"fp16": False}, "fp16 -> fp32 (the memory model says it fits)"))
+    return rungs[n - 1] if 1 <= n <= len(rungs) else halve
+
+
+# ---------------------------------------------------------------- what to do after a divergence
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    name: str
+    clean: bool  # its own log_history shows no divergence
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "rollback" | "stop" (by policy) | "give_up" (rollbacks spent) | "ignore"
+    message: str
+    resume_from: str | None = None  # None: from the start
+    set_aside: tuple[str, ...] = ()  # checkpoints at or after the first bad record
+    edits: dict[str, Any] = field(default_factory=dict)
+    remedy: str = ""  # the rung applied, in words
+
+
+def decide(
+    verdict: Verdict,
+    policy: OnDiverge,
+    config: Mapping[str, Any],
+    checkpoints: Iterable[Checkpoint],
+    *,
+    rollbacks_used: int,
+    max_rollbacks: int = MAX_ROLLBACKS,
+    fp32_fits: bool = False,
+    tried: Iterable[str] = (),
+) -> Decision:
+    """Roll back to the newest clean checkpoint written before the first bad record, or stop.
+
+    Newer checkpoints are set aside in every case (they may hold garbage weights), never deleted.
+    """
+    where = verdict.message()
+    if policy is OnDiverge.IGNORE:
+        return Decision("ignore", f"{where}; --on-diverge ignore: training on")
+    limit = verdict.last_good_step
+    if limit is None:  # the attempt's first record was bad: it resumed from a checkpoint before it
+        step = verdict.first_bad.step if verdict.first_bad else None
+        limit = step - 1 if step else 0
+    good: Checkpoint | None = None
+    aside = []
+    for ck in sorted(checkpoints, key=lambda c: c.step):
+        if ck.step <= limit and ck.clean:
+            good = ck
+        else:
+            aside.append(ck)
+    # A clean checkpoint older than a bad one is still fine; only those after `good` go aside.
+    aside_names = tuple(c.name for c in aside if good is None or c.step > good.step)
+    origin = f"from {good.name}" if good else "from the start (no clean checkpoint before it)"
+    if policy is OnDiverge.STOP:
+        return Decision("stop", f"{where}; --on-diverge stop: stopped", good.name if good else None, aside_names)
+    n = rollbacks_used + 1
+    if n > max_rollbacks:
+        done = "; ".join(tried) or "nothing"
+        return Decision(
+            "give_up",
+            f"{where}; diverged again after {max_rollbacks} rollbacks (tried: {done}): giving up. Every "
+            "checkpoint is kept; those after the divergence are set aside as diverged-checkpoint-*",
+            good.name if good else None,
+            aside_names,
+        )
+    r = remedy(n, config, fp32_fits=fp32_fits)
+    msg = f"[{n}/{max_rollbacks}] {where}: rolling back {origin} with {r.what}, global batch unchanged"
+    return Decision("rollback", msg, good.name if good else None, aside_names, r.edits, r.what)
+
+
+def fp32_fits(memory: Mapping[str, Any] | None) -> bool:
+    """Whether an fp16 run's plan leaves room for fp32 (``plan.json`` ``memory``); unknown: no.
+
+    HF mixed precision keeps fp32 master weights, gradients and optimizer state already; fp32 doubles
+    what autocast held in half precision: activations and logits.
+    """
+    if not memory or not memory.get("fits"):
+        return False
+    peak, usable = as_number(memory.get("peak_gib")), as_number(memory.get("usable_gib"))
+    extra = sum(as_number(memory.get(k)) or 0.0 for k in ("activations_gib", "logits_gib"))
+    return peak is not None and usable is not None and peak + extra <= usable

@@ -1,0 +1,78 @@
+"""The options that define a run, shared by `train` and `schedule add` (and stored by the latter).
+
+A scheduled run must be the same run `train` would start: both build their plan request and their
+run settings from one `RunOptions` value, so an option added here reaches both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What to plan for (hardware, batch, memory policy, hub) and how the supervisor behaves."""
+
+    gpu: str | None = None
+    hardware_file: str | None = None
+    source_gpus: int | None = None
+    global_batch: int | None = None
+    headroom: float = 0.12
+    params: str | None = None
+    model_config: str | None = None
+    host_ram_gib: float | None = None
+    mirror: str | None = None
+    run_name: str | None = None
+    max_retries: int = 4
+    max_crash_retries: int = 2
+    no_recover: bool = False
+    on_diverge: str = "rollback"  # numeric health: rollback | stop | ignore (ftlaunch.run.health)
+
+    @classmethod
+    def from_kwargs(cls, kw: dict[str, Any]) -> RunOptions:
+        """Take the known keys out of a click kwargs dict (the rest stays in it)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: kw.pop(k) for k in list(kw) if k in known and kw[k] is not None})
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunOptions:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known and v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def absolute(self, cwd: str | Path) -> RunOptions:
+        """File options made absolute, for a record replayed later from another directory (cron)."""
+
+        def ab(p: str | None) -> str | None:
+            return None if p is None else str(Path(cwd, p).absolute())
+
+        return replace(self, hardware_file=ab(self.hardware_file), model_config=ab(self.model_config))
+
+    def plan_request(self, config: str, overrides: tuple[str, ...], *, strict: bool, cwd: str | None = None) -> Any:
+        """The planner's request: `strict` is train (missing files are errors, weights downloaded)."""
+        from ftlaunch.run.service import PlanRequest
+
+        # The planner's own fields are named alike here: pass on every one this value holds.
+        shared = {f.name: getattr(self, f.name) for f in fields(PlanRequest) if hasattr(self, f.name)}
+        return PlanRequest(
+            config=config,
+            overrides=tuple(overrides),
+            download_weights=strict and self.mirror is not None,
+            strict_files=strict,
+            cwd=cwd,
+            **shared,
+        )
+
+    def supervisor_settings(self) -> dict[str, Any]:
+        """Keyword arguments for `create_run` (name, recovery budget)."""
+        return {
+            "name": self.run_name,
+            "recover": not self.no_recover,
+            "max_retries": self.max_retries,
+            "max_crash_retries": self.max_crash_retries,
+            "on_diverge": self.on_diverge,
+        }

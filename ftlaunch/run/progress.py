@@ -1,0 +1,135 @@
+"""Reading what the trainer writes: trainer_log.jsonl progress and checkpoint-N directories.
+
+Pure helpers over text and directory listings; the supervisor and ``status`` call them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ftlaunch.run.store import json_lines
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    lr: float | None = None
+    epoch: float | None = None
+    throughput: float | None = None  # tokens/s when llamafactory counts tokens
+    total_tokens: int | None = None
+    vram_gib: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _is_step_record(rec: dict[str, Any]) -> bool:
+    steps = rec.get("current_steps")
+    return isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0
+
+
+def parse_trainer_log(text: str | bytes) -> list[dict[str, Any]]:
+    """Step records of trainer_log.jsonl. Torn, half-written and foreign lines are skipped (a line
+    being written right now is one of them); a record's ``current_steps`` is always an int."""
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+    return json_lines(data, _is_step_record)[0]
+
+
+def latest_progress(records: list[dict[str, Any]]) -> Progress:
+    """Fold records into one view: the last step, the last loss seen (the final record has none)."""
+    p: dict[str, Any] = {}
+    for rec in records:
+        p["step"] = rec.get("current_steps", p.get("step"))
+        p["total_steps"] = rec.get("total_steps", p.get("total_steps"))
+        p["epoch"] = rec.get("epoch", p.get("epoch"))
+        for key in ("loss", "lr", "throughput", "total_tokens"):
+            if rec.get(key) is not None:
+                p[key] = rec[key]
+        if rec.get("vram_allocated") is not None:
+            p["vram_gib"] = rec["vram_allocated"]
+    return Progress(**p)
+
+
+def checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for p in output_dir.iterdir():
+        m = CHECKPOINT_RE.match(p.name)
+        if m and p.is_dir():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def _safetensors_header_ok(path: Path) -> bool:
+    """A safetensors file starts with an 8-byte little-endian length and that much JSON."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                return False
+            (n,) = struct.unpack("<Q", raw)
+            if n <= 0 or n > 100 * 2**20:
+                return False
+            header = f.read(n)
+            if len(header) != n:
+                return False
+            json.loads(header)
+            size = path.stat().st_size
+            meta = json.loads(header)
+            end = max((v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__"), default=0)
+            return size >= 8 + n + end
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def checkpoint_problems(ckpt: Path, weights_only: bool = False) -> list[str]:
+    """Why a checkpoint is not complete; empty when it is.
+
+    Complete = trainer_state.json parses, weights exist (safetensors headers and sizes check out)
+    and optimizer/scheduler state exists unless the run saves weights only.
+    """
+    problems = []
+    state = ckpt / "trainer_state.json"
+    try:
+        json.loads(state.read_text())
+    except (OSError, ValueError):
+        problems.append("trainer_state.json missing or unreadable")
+    weights = [ckpt / w for w in WEIGHT_FILES if (ckpt / w).exists()]
+    index = list(ckpt.glob("*.safetensors.index.json"))
+    if index:
+        try:
+            shards = set(json.loads(index[0].read_text())["weight_map"].values())
+            weights += [ckpt / s for s in shards]
+            missing = [s for s in shards if not (ckpt / s).exists()]
+            if missing:
+                problems.append(f"missing shards: {', '.join(sorted(missing))}")
+        except (OSError, ValueError, KeyError):
+            problems.append(f"{index[0].name} unreadable")
+    if not weights:
+        problems.append("no weights file")
+    for w in weights:
+        if w.suffix == ".safetensors" and w.exists() and not _safetensors_header_ok(w):
+            problems.append(f"{w.name} is truncated or corrupt")
+    # DeepSpeed saves optimizer state under global_stepN/; the HF Trainer as optimizer.pt.
+    has_opt = (ckpt / "optimizer.pt").exists() or any(ckpt.glob("global_step*"))
+    if not has_opt and not weights_only:  # save_only_model: true keeps no optimizer state
+        problems.append("optimizer.pt missing")
+    return problems
+
+
+def last_complete_checkpoint(output_dir: Path, weights_only: bool = False) -> tuple[int, Path] | None:
+    for step, path in reversed(checkpoint_dirs(output_dir)):
+        if not checkpoint_problems(path, weights_only):
+            return step, path
+    return None

@@ -1,0 +1,304 @@
+"""Classifying a trainer's exit and deciding what to do next. Pure: text and numbers in, data out.
+
+Kinds are kept apart (STYLE rule 3/4): a config error is deterministic and never retried; a CUDA
+OOM shrinks the micro-batch (global batch kept) and resumes; a crash retries a bounded number of
+times; a run stopped by the user stays stopped.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftlaunch.run.store import FailureKind
+
+# Torchrun prefixes child lines with "[rank0]:"; we search the whole attempt's log.
+_CUDA_OOM = re.compile(
+    r"(torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError|CUDA out of memory|"
+    r"CUBLAS_STATUS_ALLOC_FAILED|NCCL[^\n]*out of memory|HIP out of memory)",
+)
+_EVAL_FRAMES = re.compile(r"(evaluation_loop|prediction_step|in evaluate\b|_evaluate\()")
+_TRAIN_FRAMES = re.compile(r"(training_step|inner_training_loop)")
+# The final exception line of a traceback: "ValueError: ...", "[rank0]: OSError: ...".
+_EXC_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$", re.M)
+# Wrappers that only say "the child failed": look past them to the child's own error.
+_WRAPPERS = ("CalledProcessError", "ChildFailedError")
+# Deterministic failures: re-running the same config gives the same error.
+_CONFIG_TYPES = (
+    "FileNotFoundError",
+    "HFValidationError",
+    "RepositoryNotFoundError",
+    "GatedRepoError",
+    "EntryNotFoundError",
+    "RevisionNotFoundError",
+    "IsADirectoryError",
+    "NotADirectoryError",
+)
+_CONFIG_MESSAGES = re.compile(
+    r"(not used by the HfArgumentParser|FORCE_TORCHRUN|doesn't support bf16|does not support pure_bf16|"
+    r"Cannot open|Undefined dataset|Can't find a valid checkpoint|is not empty|Please |not supported|"
+    r"does not exist|No such file|Unknown|invalid|must be|should be|only supports|requires)",
+    re.I,
+)
+
+
+@dataclass(frozen=True)
+class Exit:
+    kind: FailureKind | None  # None: success
+    message: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.kind is None
+
+
+def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    last = None
+    for m in pattern.finditer(text):
+        last = m
+    return last
+
+
+def _line_of(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    line = text[start : end if end != -1 else len(text)].strip()
+    return re.sub(r"^\[rank\d+\]:\s*", "", line)[:400]
+
+
+def classify(returncode: int, log: str, *, stop_requested: bool = False) -> Exit:
+    """What ended the attempt, from its exit code and its whole log."""
+    if stop_requested:
+        return Exit(FailureKind.STOPPED, "stopped by the user")
+    oom = _last_match(_CUDA_OOM, log)
+    if returncode == 0 and oom is None:
+        return Exit(None, "training finished")
+    if oom is not None:
+        # Which loop ran out: the frames printed just before the error name it.
+        before = log[max(0, oom.start() - 8000) : oom.start()]
+        ev, tr = _last_match(_EVAL_FRAMES, before), _last_match(_TRAIN_FRAMES, before)
+        in_eval = ev is not None and (tr is None or ev.start() > tr.start())
+        kind = FailureKind.EVAL_OOM if in_eval else FailureKind.CUDA_OOM
+        return Exit(kind, _line_of(log, oom.start()), oom_numbers(log[oom.start() : oom.start() + 2000]))
+    if returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) and "Traceback" not in log[-20000:]:
+        # What sent the SIGKILL is not known from here; the supervisor asks the kernel log.
+        return Exit(FailureKind.HOST_OOM, f"killed by signal 9 (exit {returncode}) with no traceback")
+    errors = [m for m in _EXC_LINE.finditer(log) if not m.group(1).endswith(_WRAPPERS)]
+    if errors:
+        last = errors[-1]
+        etype, msg = last.group(1).rsplit(".", 1)[-1], last.group(2)
+        if etype in _CONFIG_TYPES or (etype in ("ValueError", "OSError") and _CONFIG_MESSAGES.search(msg)):
+            return Exit(FailureKind.CONFIG, _line_of(log, last.start()), {"exception": etype})
+        return Exit(FailureKind.CRASH, f"exit code {returncode}: {_line_of(log, last.start())}", {"exception": etype})
+    tail = [ln for ln in log.strip().splitlines() if ln.strip()][-1:] or [""]
+    return Exit(FailureKind.CRASH, f"exit code {returncode}: {tail[0].strip()[:300]}")
+
+
+# ---------------------------------------------------------------- what to do next
+
+ZERO3_OFFLOAD = "ds_z3_offload"  # placeholder value, mapped to ftlaunch/data/ds_z3_offload_config.json
+
+
+_GIB = {"B": 2**-30, "KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0, "TiB": 1024.0}
+_SIZE = r"([\d.]+)\s*(B|KiB|MiB|GiB|TiB)"
+_OOM_TRIED = re.compile(rf"Tried to allocate {_SIZE}")
+_OOM_TOTAL = re.compile(rf"(?:total capacity of {_SIZE}|{_SIZE} total capacity)")
+_OOM_FREE = re.compile(rf"(?:of which {_SIZE} is free|{_SIZE} free)")
+_OOM_IN_USE = re.compile(rf"(?:has {_SIZE} memory in use|{_SIZE} already allocated)")
+
+
+def _gib(m: re.Match[str] | None) -> float | None:
+    if m is None:
+        return None
+    groups = [g for g in m.groups() if g is not None]
+    return float(groups[0]) * _GIB[groups[1]]
+
+
+def oom_numbers(text: str) -> dict[str, float]:
+    """torch's OOM message in GiB: ``tried`` (the allocation that failed), ``free``, ``total``.
+
+    Empty when the message lacks them (CUBLAS, NCCL, other runtimes); total is in-use + free when
+    only those two are given."""
+    tried, free = _gib(_OOM_TRIED.search(text)), _gib(_OOM_FREE.search(text))
+    total = _gib(_OOM_TOTAL.search(text))
+    in_use = _gib(_OOM_IN_USE.search(text))
+    if total is None and in_use is not None and free is not None:
+        total = in_use + free
+    if tried is None or free is None or not total:
+        return {}
+    return {"tried_gib": tried, "free_gib": free, "total_gib": total}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Retries left. ``tried``: the distinct configurations that ran out of memory since the last
+    progress (a new checkpoint empties it); the OOM budget counts them, not the halvings."""
+
+    oom_max: int = 4
+    crash_max: int = 2
+    oom_used: int = 0
+    crash_used: int = 0
+    tried: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Budget:
+        return cls(
+            oom_max=int(d.get("oom_max", 4)),
+            crash_max=int(d.get("crash_max", 2)),
+            oom_used=int(d.get("oom_used", 0)),
+            crash_used=int(d.get("crash_used", 0)),
+            tried=tuple(str(t) for t in d.get("tried") or ()),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **{k: getattr(self, k) for k in ("oom_max", "crash_max", "oom_used", "crash_used")},
+            "tried": list(self.tried),
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "succeed" | "retry" | "fail" | "stop"
+    message: str
+    edits: dict[str, Any] = field(default_factory=dict)  # config changes for the next attempt
+    budget: Budget = Budget()
+
+
+def _divisors_below(total: int, current: int) -> list[int]:
+    """Micro-batches below ``current`` that divide the global batch exactly, largest first."""
+    return [d for d in range(current - 1, 0, -1) if total % d == 0]
+
+
+def signature(config: dict[str, Any]) -> str:
+    """What makes one configuration distinct for the OOM budget."""
+    return (
+        f"mb{config.get('per_device_train_batch_size')}"
+        f"/eval{config.get('per_device_eval_batch_size')}"
+        f"/gc{'off' if config.get('disable_gradient_checkpointing') else 'on'}"
+        f"/ds{config.get('deepspeed') or '-'}"
+    )
+
+
+def _micro_edit(micro: int, total: int) -> tuple[dict[str, Any], str]:
+    return (
+        {"per_device_train_batch_size": micro, "gradient_accumulation_steps": total // micro},
+        f"micro-batch {micro} x accumulation {total // micro}",
+    )
+
+
+def _bottom_rungs(config: dict[str, Any], offload_ok: bool) -> list[tuple[dict[str, Any], str]]:
+    """What is always tried after micro-batch 1, in order, before giving up."""
+    rungs: list[tuple[dict[str, Any], str]] = []
+    if config.get("disable_gradient_checkpointing"):
+        rungs.append(({"disable_gradient_checkpointing": False}, "gradient checkpointing on"))
+    if offload_ok and not config.get("deepspeed"):
+        rungs.append(({"deepspeed": ZERO3_OFFLOAD}, "ZeRO-3 with CPU offload on one GPU"))
+    return rungs
+
+
+def oom_step(
+    config: dict[str, Any],
+    offload_ok: bool,
+    *,
+    retries_left: int | None = None,
+    numbers: dict[str, float] | None = None,
+    headroom: float = 0.1,
+) -> tuple[dict[str, Any], str] | None:
+    """The next memory-saving step after a CUDA OOM, or None when the ladder is exhausted.
+
+    The ladder always reaches micro-batch 1, then gradient checkpointing, then offload. Between the
+    current micro-batch and 1 it spaces its tries so that ``retries_left`` reach the bottom (halving
+    at least), and the OOM message's numbers jump further: with peak(m) = fixed + m x per-sample and
+    fixed >= 0, a micro-batch above m x usable / (in use + tried) cannot fit, where usable keeps
+    ``headroom`` of the card free (the safety margin), so the step goes at least below that bound."""
+    micro = int(config.get("per_device_train_batch_size") or 1)
+    accum = int(config.get("gradient_accumulation_steps") or 1)
+    total = micro * accum
+    below = _divisors_below(total, micro)
+    if not below:
+        rungs = _bottom_rungs(config, offload_ok)
+        return rungs[0] if rungs else None
+    bottom = 1 + len(_bottom_rungs(config, offload_ok))  # micro-batch 1, then the rest
+    explore = None if retries_left is None else retries_left - bottom
+    if explore is not None and explore <= 0:
+        return _micro_edit(1, total)
+    ratio = 2.0 if explore is None else max(2.0, micro ** (1.0 / (explore + 1)))
+    target = micro / ratio
+    if numbers:
+        usable = numbers["total_gib"] * (1 - headroom)
+        needed = numbers["total_gib"] - numbers["free_gib"] + numbers["tried_gib"]
+        bound = micro * usable / needed if needed > 0 else target
+        target = min(target, bound)
+    choice = next((d for d in below if d <= target), 1)
+    return _micro_edit(choice, total)
+
+
+def next_to_try(config: dict[str, Any], offload_ok: bool) -> str:
+    """What a person could try after the ladder gave up (the give-up message says it)."""
+    ideas = ["LoRA or QLoRA (finetuning_type: lora, quantization_bit: 4)", "a shorter cutoff_len", "more GPUs"]
+    if not offload_ok and not config.get("deepspeed"):
+        ideas.insert(0, "DeepSpeed ZeRO-3 CPU offload (pip install deepspeed)")
+    return "; next try " + ", ".join(ideas) + " (`ftlaunch plan CONFIG --gpu CARD` shows what fits)"
+
+
+def decide(
+    ex: Exit,
+    config: dict[str, Any],
+    budget: Budget,
+    *,
+    recover: bool = True,
+    progressed: bool = False,
+    offload_ok: bool = False,
+    step: int | None = None,
+    resume_from: str | None = None,
+) -> Decision:
+    """Decide after an attempt ended. ``progressed``: a new checkpoint landed during it."""
+    if ex.kind is None:
+        return Decision("succeed", "training finished", budget=budget)
+    if ex.kind is FailureKind.STOPPED:
+        return Decision("stop", "stopped by the user; resume with `ftlaunch resume`", budget=budget)
+    if ex.kind in (FailureKind.CONFIG, FailureKind.SETUP):
+        return Decision("fail", f"{ex.message} (a config error: not retried)", budget=budget)
+    if not recover:
+        return Decision("fail", f"{ex.message} (recovery off)", budget=budget)
+    where = f" at step {step}" if step is not None else ""
+    origin = f"from {resume_from}" if resume_from else "from the start (no complete checkpoint yet)"
+    if ex.kind in (FailureKind.CUDA_OOM, FailureKind.EVAL_OOM):
+        tried = () if progressed else budget.tried
+        sig = signature(config)
+        tried = tried if sig in tried else (*tried, sig)
+        n = len(tried)
+        retries_left = budget.oom_max - n + 1
+        spent = Budget(budget.oom_max, budget.crash_max, n, budget.crash_used, tried)
+        if ex.kind is FailureKind.EVAL_OOM:
+            ev = int(config.get("per_device_eval_batch_size", 8) or 8)
+            if ev <= 1:
+                return Decision("fail", "OOM during evaluation at eval batch 1: giving up", budget=spent)
+            smaller = max(1, ev // 2) if retries_left > 1 else 1
+            edits, what = {"per_device_eval_batch_size": smaller}, f"eval batch {smaller}"
+        else:
+            step_ = oom_step(config, offload_ok, retries_left=retries_left, numbers=ex.detail or None)
+            if step_ is None:
+                have = "gradient checkpointing on" + (" and ZeRO-3 CPU offload" if config.get("deepspeed") else "")
+                return Decision(
+                    "fail",
+                    f"out of memory at micro-batch 1 with {have}: this config does not fit this card"
+                    + next_to_try(config, offload_ok),
+                    budget=spent,
+                )
+            edits, what = step_
+        micro = config.get("per_device_train_batch_size")
+        label = "OOM in evaluation" if ex.kind is FailureKind.EVAL_OOM else "OOM"
+        count = f"[{n}/{budget.oom_max}]" if n <= budget.oom_max else f"[{n}/{budget.oom_max}, bottom of the ladder]"
+        msg = f"{count} {label}{where} (micro-batch {micro}): retrying with {what} {origin}"
+        return Decision("retry", msg, edits, spent)
+    n = budget.crash_used + 1
+    if n > budget.crash_max:
+        return Decision("fail", f"{ex.message}: crashed {budget.crash_max + 1} times, giving up", budget=budget)
+    label = "host OOM" if ex.kind is FailureKind.HOST_OOM else "crash"
+    msg = f"[{n}/{budget.crash_max}] {label}{where} ({ex.message}): retrying with the same config {origin}"
+    return Decision("retry", msg, {}, Budget(budget.oom_max, budget.crash_max, budget.oom_used, n))

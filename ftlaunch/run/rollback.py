@@ -1,0 +1,339 @@
+"""The file side of a rollback after a divergence: read checkpoints, set them aside, lower the lr.
+
+Decisions are ``ftlaunch.run.health.decide``; this module only touches the output_dir, and never deletes
+a checkpoint: checkpoints written after the divergence are renamed ``diverged-checkpoint-N-<time>``,
+a final model saved by a diverged attempt goes into ``diverged-final-<time>/``.
+
+Why the lr needs more than a config edit (measured, llamafactory 0.9.5 / transformers 5): resuming
+restores the learning rate from the checkpoint's ``scheduler.pt`` (``base_lrs``) and ``optimizer.pt``
+(``param_groups``), so a lower ``learning_rate`` in the YAML is silently ignored. The rollback
+checkpoint is therefore rebuilt beside the original: weights hard-linked, the two state files
+rewritten with the lr scaled, in a child process with the trainer's own Python (torch lives there).
+The original is kept as ``rolledback-checkpoint-N-<time>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ftlaunch.run.health import (
+    Checkpoint,
+    Decision,
+    Health,
+    OnDiverge,
+    Thresholds,
+    Verdict,
+    decide,
+    fp32_fits,
+    history_is_clean,
+    judge,
+    parse_console,
+    thresholds_from,
+)
+from ftlaunch.run.progress import checkpoint_dirs, checkpoint_problems
+from ftlaunch.run.store import append_event, read_events, read_state, update_state
+
+# llamafactory refuses to start from scratch in an output_dir holding one of these (CHECKPOINT_NAMES).
+FINAL_WEIGHTS = (
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "model.safetensors.index.json",
+    "model.safetensors",
+    "pytorch_model.bin.index.json",
+    "pytorch_model.bin",
+)
+
+_SCALE_LR = r"""
+import os, sys, torch
+path, target = sys.argv[1], float(sys.argv[2])
+# The stored peak lr: the scheduler's base_lrs, else the optimizer's initial_lr; groups keep their ratios.
+ref = None
+GETS = (("scheduler.pt", lambda s: s["base_lrs"][0]), ("optimizer.pt", lambda s: s["param_groups"][0]["initial_lr"]))
+for name, get in GETS:
+    try:
+        ref = ref or get(torch.load(f"{path}/{name}", weights_only=False, map_location="cpu"))
+    except (FileNotFoundError, KeyError, IndexError, TypeError):
+        pass
+if not ref:
+    sys.exit("no learning rate found in scheduler.pt or optimizer.pt")
+factor = target / ref
+for name in ("scheduler.pt", "optimizer.pt"):
+    f = f"{path}/{name}"
+    try:
+        state = torch.load(f, weights_only=False, map_location="cpu")
+    except FileNotFoundError:
+        continue
+    if name == "scheduler.pt":
+        for key in ("base_lrs", "_last_lr"):
+            if key in state:
+                state[key] = [lr * factor for lr in state[key]]
+    else:
+        for g in state.get("param_groups", []):
+            for key in ("lr", "initial_lr"):
+                if key in g:
+                    g[key] = g[key] * factor
+    torch.save(state, f + ".tmp")
+    os.replace(f + ".tmp", f)  # replaces the link, never the original checkpoint's file
+print("scaled")
+"""
+
+
+def read_history(ckpt: Path) -> list[dict] | None:
+    """A checkpoint's trainer_state.json log_history (NaN tokens parse); None when unreadable."""
+    try:
+        hist = json.loads((ckpt / "trainer_state.json").read_text()).get("log_history")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return hist if isinstance(hist, list) else None
+
+
+def checkpoints_of(complete: Iterable[tuple[int, Path]], t: Thresholds, *, fp16: bool) -> list[Checkpoint]:
+    """Complete checkpoints, each judged on its own trainer_state.json log_history."""
+    out = []
+    for step, path in complete:
+        hist = read_history(path)
+        out.append(Checkpoint(step, path.name, hist is not None and history_is_clean(hist, t, fp16=fp16)))
+    return out
+
+
+def set_aside(output_dir: Path, names: Iterable[str], stamp: int, prefix: str = "diverged") -> list[str]:
+    """Rename (never delete): llamafactory resumes from the last ``checkpoint-N`` by name."""
+    moved = []
+    for name in names:
+        src = output_dir / name
+        if src.is_dir():
+            target = free_name(output_dir, f"{prefix}-{name}-{stamp}")
+            src.rename(target)
+            moved.append(f"{name} -> {target.name}")
+    return moved
+
+
+def set_aside_final(output_dir: Path, stamp: int) -> list[str]:
+    """A diverged attempt that reached the end saved its (garbage) model in output_dir: move it aside."""
+    found = [output_dir / n for n in FINAL_WEIGHTS if (output_dir / n).is_file()]
+    found += sorted(output_dir.glob("model-*-of-*.safetensors"))
+    if not found:
+        return []
+    box = free_name(output_dir, f"diverged-final-{stamp}")
+    box.mkdir()
+    for f in found:
+        f.rename(box / f.name)
+    return [f"{f.name} -> {box.name}/" for f in found]
+
+
+def python_of(trainer: str | None) -> str:
+    """The Python that runs the trainer (its shebang), where torch is; else ours."""
+    if trainer:
+        try:
+            with open(trainer, "rb") as f:
+                first = f.readline(300).decode(errors="replace")
+            if first.startswith("#!") and "python" in first:
+                words = first[2:].split()
+                exe = shutil.which(words[1]) if Path(words[0]).name == "env" and len(words) > 1 else words[0]
+                if exe and os.access(exe, os.X_OK):
+                    return exe
+        except OSError:
+            pass
+    return sys.executable
+
+
+def scale_lr(output_dir: Path, name: str, lr: float, python: str, stamp: int) -> str | None:
+    """Rebuild ``name`` with its stored peak lr set to ``lr``; keep the original aside. An error or None."""
+    src = output_dir / name
+    tmp = output_dir / f".{name}.rollback-{stamp}"
+    shutil.rmtree(tmp, ignore_errors=True)  # our own scratch copy from an interrupted rollback
+    try:
+        shutil.copytree(src, tmp, copy_function=_link_or_copy)
+        r = subprocess.run([python, "-c", _SCALE_LR, str(tmp), repr(lr)], capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return str(exc)
+    if r.returncode != 0 or "scaled" not in r.stdout:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1][:300]
+    src.rename(free_name(output_dir, f"rolledback-{name}-{stamp}"))
+    tmp.rename(src)
+    return None
+
+
+def free_name(folder: Path, base: str) -> Path:
+    """``folder/base``, or ``base-2``, ``base-3``... when taken: a set-aside never overwrites another."""
+    path, n = folder / base, 1
+    while path.exists():
+        n += 1
+        path = folder / f"{base}-{n}"
+    return path
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def now_stamp() -> int:
+    return int(time.time())
+
+
+# ---------------------------------------------------------------- what the supervisor calls
+
+
+class HealthWatch:
+    """Judges each new trainer record once, and carries out a rollback when the run diverges.
+
+    The supervisor calls ``start`` before an attempt, ``feed`` with each batch of new records (True:
+    halt the trainer now) and ``after`` once the trainer has exited (None: not diverged, carry on).
+    """
+
+    def __init__(self, run_dir: Path, values: Mapping[str, Any], env: Mapping[str, str], say: Callable[[str], None]):
+        self.run_dir = run_dir
+        state = read_state(run_dir)
+        self.policy = OnDiverge(state.get("on_diverge") or OnDiverge.ROLLBACK.value)
+        self.env = env
+        self.say = say
+        try:
+            self.thresholds = thresholds_from(env.get("FTLAUNCH_HEALTH"))
+        except ValueError as exc:  # a typo must not kill a running supervisor: defaults, said aloud
+            self.thresholds = Thresholds()
+            say(f"ftlaunch: {exc}; numeric health uses its defaults (docs/health.md)")
+        self.values = values  # the supervisor's live config: the fp32 rung changes fp16
+        self.fp16 = bool(values.get("fp16"))
+        self.verdict = Verdict()
+        self.halt = False
+        self.grad_norms, self.loss_steps, self.merged, self.last_console = [], [], 0, None
+
+    def start(self) -> None:
+        self.verdict, self.halt = Verdict(), False
+        self.fp16 = bool(self.values.get("fp16"))
+        # grad_norm is only in the console: its k-th training-step line pairs with the k-th
+        # trainer_log.jsonl record with a loss of the same attempt (both written by on_log, in order).
+        self.grad_norms: list[str] = []  # appended by the supervisor's log-pump thread
+        self.last_console: dict[str, Any] | None = None
+        self.loss_steps: list[int | None] = []
+        self.merged = 0
+        update_state(self.run_dir, health=self.verdict.to_dict())
+
+    def console(self, line: str) -> None:
+        """One line of the trainer's output (called from the log pump thread): keep its grad_norms."""
+        for d in parse_console(line):
+            # Several nodes (Slurm) each print the same reduced dict: keep one of identical neighbours.
+            if d != self.last_console:
+                self.grad_norms.append(d.get("grad_norm", ""))
+            self.last_console = d
+
+    def _with_grad_norms(self, records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        out: list[Mapping[str, Any]] = []
+        norms = self.grad_norms
+        while self.merged < min(len(norms), len(self.loss_steps)):  # console lines that came late
+            out.append({"current_steps": self.loss_steps[self.merged], "grad_norm": norms[self.merged]})
+            self.merged += 1
+        for rec in records:
+            if "loss" in rec:
+                i = len(self.loss_steps)
+                step = rec.get("current_steps")
+                self.loss_steps.append(step if isinstance(step, int) else None)
+                if i < len(norms):
+                    rec = {**rec, "grad_norm": norms[i]}
+                    self.merged = i + 1
+            out.append(rec)
+        return out
+
+    def feed(self, records: Iterable[Mapping[str, Any]]) -> bool:
+        records = self._with_grad_norms(records)
+        before = self.verdict.health
+        self.verdict = judge(records, self.thresholds, fp16=self.fp16, start=self.verdict)
+        v = self.verdict
+        if v.health is not before:
+            update_state(self.run_dir, health=v.to_dict())
+        if v.diverged and before is not Health.DIVERGED:
+            b = v.first_bad
+            append_event(
+                self.run_dir, "diverged", step=b.step, signal=b.signal.value, values=b.values, policy=self.policy.value
+            )
+            # `ftlaunch logs` shows the trainer's console: mark the first bad record there.
+            self.say(f"ftlaunch: >>> first bad record: {v.message()} <<<")
+            self.halt = self.policy is not OnDiverge.IGNORE
+            return self.halt
+        return False
+
+    def _trainer(self) -> str | None:
+        from ftlaunch.run.trainer import find_trainer
+
+        try:
+            cmd = find_trainer(self.env)
+            return str(cmd[0]) if cmd else None
+        except Exception:  # noqa: BLE001 - any failure: fall back to our own Python
+            return None
+
+    def tried(self) -> list[str]:
+        """Remedies of the rollbacks since the run was created or last resumed by hand (a resume refills them)."""
+        done: list[str] = []
+        for ev in read_events(self.run_dir):
+            if ev.get("event") == "resumed":
+                done = []
+            elif ev.get("event") == "rolled_back":
+                done.append(str(ev.get("remedy")))
+        return done
+
+    def after(self, out: Path, values: dict[str, Any], weights_only: bool) -> Decision | None:
+        """After a diverged attempt: set checkpoints aside, prepare the rollback; None when healthy."""
+        self.feed([])  # console grad_norms that arrived after the last record
+        if not self.verdict.diverged or self.policy is OnDiverge.IGNORE:
+            return None
+        plan = read_json(self.run_dir / "plan.json")
+        tried = self.tried()
+        complete = [(s, p) for s, p in checkpoint_dirs(out) if not checkpoint_problems(p, weights_only)]
+        d = decide(
+            self.verdict,
+            self.policy,
+            values,
+            checkpoints_of(complete, self.thresholds, fp16=self.fp16),
+            rollbacks_used=len(tried),
+            fp32_fits=fp32_fits(plan.get("memory")),
+            tried=tried,
+        )
+        stamp = now_stamp()
+        moved = set_aside(out, d.set_aside, stamp) + set_aside_final(out, stamp)
+        if moved:
+            append_event(self.run_dir, "checkpoint_set_aside", reason="diverged", moved=moved)
+        if d.action == "rollback" and "learning_rate" in d.edits and d.resume_from:
+            err = scale_lr(out, d.resume_from, d.edits["learning_rate"], python_of(self._trainer()), stamp)
+            if err:
+                d = replace(
+                    d,
+                    action="give_up",
+                    message=f"{d.message}; but the lr in {d.resume_from} could not be lowered ({err}): giving up",
+                )
+        if d.action == "rollback":
+            append_event(
+                self.run_dir,
+                "rolled_back",
+                resume_from=d.resume_from,
+                edits=d.edits,
+                message=d.message,
+                remedy=d.remedy,
+            )
+        target = next((s for s, p in complete if p.name == d.resume_from), None)  # set-aside ones are gone
+        update_state(
+            self.run_dir, health=self.verdict.to_dict(), diverged=self.verdict.to_dict(), last_checkpoint=target
+        )
+        self.say(f"ftlaunch: {d.message}" + (f"; set aside: {', '.join(moved)}" if moved else ""))
+        return d
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

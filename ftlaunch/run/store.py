@@ -1,0 +1,290 @@
+"""The run store: one directory per run under FTLAUNCH_HOME, versioned JSON state, an event log.
+
+Layout of ``$FTLAUNCH_HOME/runs/<id>/``:
+  source.yaml      the config as given (overrides listed in state.json)
+  config.yaml      the adapted config of the current attempt
+  plan.txt/.json   the plan, for people and for machines
+  hardware.json    what the plan was made for
+  train.log        trainer stdout+stderr, all attempts appended
+  state.json       versioned, replaced atomically (temp file in the same folder, then rename)
+  events.jsonl     append-only: started, progress, checkpoint, exited, stopped, resumed, ...
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from ftlaunch.errors import RunNotFoundError, StateError, StateVersionError
+
+STATE_VERSION = 1
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"  # a Slurm job waiting for its allocation (first start or requeued)
+    STARTING = "starting"
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"  # the supervisor died without recording an end (reboot, SIGKILL)
+    DIVERGED = "diverged"  # numeric health: non-finite or spiking loss, rollbacks spent (ftlaunch.run.health)
+
+    def is_terminal(self) -> bool:
+        return self in {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.LOST, RunStatus.DIVERGED}
+
+    def is_failed(self) -> bool:
+        return self in {RunStatus.FAILED, RunStatus.LOST, RunStatus.DIVERGED}
+
+
+class FailureKind(StrEnum):
+    CONFIG = "config_error"  # deterministic: never retried
+    SETUP = "setup_error"  # trainer missing, cannot start
+    CUDA_OOM = "cuda_oom"
+    EVAL_OOM = "eval_oom"
+    HOST_OOM = "host_oom"
+    CRASH = "crash"
+    DIVERGED = "diverged"  # numeric health, see ftlaunch.run.health
+    STOPPED = "stopped_by_user"
+
+
+def home(env: Mapping[str, str]) -> Path:
+    """FTLAUNCH_HOME, else the XDG state dir (~/.local/state/ftlaunch)."""
+    if env.get("FTLAUNCH_HOME"):
+        return Path(env["FTLAUNCH_HOME"]).expanduser()
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")) / ".local" / "state")
+    return Path(base).expanduser() / "ftlaunch"
+
+
+def runs_root(env: Mapping[str, str]) -> Path:
+    return home(env) / "runs"
+
+
+def now_iso(t: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if t is None else t, UTC).isoformat(timespec="milliseconds")
+
+
+def new_run_id(t: float | None = None) -> str:
+    stamp = datetime.fromtimestamp(time.time() if t is None else t, UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that readers see the old or the new file, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def append_event(run_dir: Path, event: str, **fields: Any) -> dict[str, Any]:
+    rec = {"t": now_iso(), "event": event, **fields}
+    # One write() of one line: concurrent appenders (supervisor, stop, resume) never interleave.
+    line = (json.dumps(rec, default=str, ensure_ascii=False) + "\n").encode()
+    fd = os.open(run_dir / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return rec
+
+
+_TOLD: set[str] = set()
+
+
+def say_skipped(path: Path, count: int) -> None:
+    """Tell once per file and process that unreadable lines were skipped (readers never raise)."""
+    if count and str(path) not in _TOLD:
+        _TOLD.add(str(path))
+        print(f"ftlaunch: skipped {count} unreadable line(s) in {path}", file=sys.stderr)
+
+
+def json_lines(data: bytes, keep: Callable[[Any], bool]) -> tuple[list[dict[str, Any]], int]:
+    """Records of a JSON-lines byte string that pass ``keep``, and how many lines were not records.
+
+    A torn write (half a multibyte character, half a line) or a foreign line costs that line only."""
+    out: list[dict[str, Any]] = []
+    skipped = 0
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
+            skipped += 1
+            continue
+        if isinstance(rec, dict) and keep(rec):
+            out.append(rec)
+        else:
+            skipped += 1
+    return out, skipped
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    out, skipped = json_lines(data, lambda rec: isinstance(rec.get("event"), str))
+    say_skipped(path, skipped)
+    return out
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "state.json"
+    hint = f"the run can still be resumed from its output_dir: ftlaunch resume {run_dir.name}"
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise StateError(f"run {run_dir.name}: state.json is missing", hint=hint) from None
+    except (OSError, ValueError) as exc:  # a bad byte is a UnicodeDecodeError, a ValueError
+        raise StateError(f"run {run_dir.name}: state.json is unreadable ({exc})", hint=hint) from None
+    if not isinstance(data, dict):
+        raise StateError(f"run {run_dir.name}: state.json does not hold an object", hint=hint)
+    if data.get("version") != STATE_VERSION:
+        raise StateVersionError(
+            f"run {run_dir.name}: state.json has version {data.get('version')!r}, "
+            f"this ftlaunch reads version {STATE_VERSION}; not touching it",
+            hint="use the ftlaunch version that made the run",
+        )
+    return data
+
+
+@contextmanager
+def state_lock(run_dir: Path) -> Iterator[None]:
+    """Serialise read-modify-write of one run's state across processes (supervisor, stop, resume)."""
+    fd = os.open(run_dir / ".state.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def update_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into state.json atomically. A state this ftlaunch cannot read (corrupt, or of
+    another version) is refused with StateError, never overwritten: it still holds the status, the
+    output_dir and the retry budget. Only a missing state.json is started afresh."""
+    with state_lock(run_dir):
+        try:
+            state = read_state(run_dir)
+        except StateError:
+            if (run_dir / "state.json").exists():
+                raise
+            state = {"version": STATE_VERSION, "id": run_dir.name}
+        state.update(fields)
+        state["updated"] = now_iso()
+        write_json_atomic(run_dir / "state.json", state)
+    return state
+
+
+def list_runs(env: Mapping[str, str]) -> list[Path]:
+    root = runs_root(env)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_creation_order)
+
+
+def _creation_order(run_dir: Path) -> tuple[str, int, str]:
+    """Oldest first. Ids carry the second and a random suffix, so runs made within one second are
+    ordered by their source.yaml, written once when the run is created (the latest run is the last)."""
+    try:
+        made = (run_dir / "source.yaml").stat().st_mtime_ns
+    except OSError:
+        made = 0
+    return run_dir.name[: len("YYYYmmdd-HHMMSS")], made, run_dir.name
+
+
+def find_run(env: Mapping[str, str], ref: str | None) -> Path:
+    """RUN is an id, a unique id prefix or a name; None means the latest run."""
+    runs = list_runs(env)
+    if not runs:
+        raise RunNotFoundError(f"no runs under {runs_root(env)}", hint="start one with `ftlaunch train CONFIG.yaml`")
+    if ref is None:
+        return runs[-1]
+    exact = [p for p in runs if p.name == ref]
+    if exact:
+        return exact[0]
+    prefix = [p for p in runs if p.name.startswith(ref)]
+    if len(prefix) == 1:
+        return prefix[0]
+    named = [p for p in runs if run_name(p) == ref]
+    if named:
+        return named[-1]  # a name may be reused; the latest run of that name
+    if len(prefix) > 1:
+        raise RunNotFoundError(
+            f"run {ref!r} is ambiguous: {', '.join(p.name for p in prefix)}",
+            hint="give more characters of the id",
+        )
+    raise RunNotFoundError(f"no run {ref!r}", hint="`ftlaunch runs` lists them")
+
+
+def run_name(run_dir: Path) -> str | None:
+    """A run's name from its state, else from its "created" event (state.json damaged or gone)."""
+    try:
+        return read_state(run_dir).get("name")
+    except StateError:
+        pass
+    for ev in read_events(run_dir):
+        if ev.get("event") == "created" and ev.get("name"):
+            return str(ev["name"])
+    return None
+
+
+SECRETS_FILE = "secrets.json"
+
+
+def write_secrets(run_dir: Path, secrets: Mapping[str, Any]) -> None:
+    """Secret config values, readable by this user only (0600 from creation, never wider)."""
+    if not secrets:
+        return
+    path = run_dir / SECRETS_FILE
+    fd, tmp = tempfile.mkstemp(prefix=f".{SECRETS_FILE}.", dir=run_dir)  # mkstemp creates it 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(secrets), f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_secrets(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / SECRETS_FILE).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

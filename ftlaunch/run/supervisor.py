@@ -1,0 +1,589 @@
+"""The supervisor: owns one run's trainer, records everything, recovers from failures.
+
+Started detached as ``python -m ftlaunch.run.supervisor RUN_DIR`` (new session, no terminal), or
+in-process for ``train --foreground``. The trainer runs in its own process group; its output is
+appended to ``train.log``. Signal handlers only record; the main loop acts (supervisor's
+SignalReceiver). Decisions come from the pure ``ftlaunch.run.recovery``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from ftlaunch.errors import BusyError, ExitCode, FtlaunchError
+from ftlaunch.locks import try_flock
+from ftlaunch.plan.config import dump_yaml, read_header
+from ftlaunch.plan.hardware import gpu_peak_of
+from ftlaunch.plan.memory_store import remember, remember_observed
+from ftlaunch.run import progress as prog
+from ftlaunch.run.procs import start_time
+from ftlaunch.run.recovery import ZERO3_OFFLOAD, Budget, Exit, classify, decide
+from ftlaunch.run.rollback import HealthWatch
+from ftlaunch.run.store import (
+    FailureKind,
+    RunStatus,
+    append_event,
+    home,
+    read_secrets,
+    read_state,
+    update_state,
+    write_text_atomic,
+)
+from ftlaunch.run.trainer import find_trainer, redact, trainer_command, trainer_env
+
+STOPPED_EXIT = 130
+
+
+# ---------------------------------------------------------------- output_dir lock
+
+
+def lock_path(env: Mapping[str, str], output_dir: str) -> Path:
+    digest = hashlib.sha256(os.path.abspath(output_dir).encode()).hexdigest()[:16]
+    return home(env) / "locks" / f"{digest}.lock"
+
+
+class OutputDirBusy(BusyError):
+    """The output_dir lock is held; ``holder`` is what its holder wrote (a run id)."""
+
+    def __init__(self, output_dir: str, holder: str):
+        self.holder = holder
+        if holder.startswith(NEW_RUN):  # a `train` between taking the lock and creating its run
+            super().__init__(
+                f"output_dir {output_dir} is in use by {holder}",
+                hint="`ftlaunch runs` shows that run once it has started; or set another output_dir",
+            )
+            return
+        who = holder or "another run"
+        super().__init__(
+            f"output_dir {output_dir} is in use by run {who}",
+            hint=f"wait for it, stop it (`ftlaunch stop {who}`), or set another output_dir",
+        )
+
+
+NEW_RUN = "a new run being started"
+
+
+def acquire_output_lock(env: Mapping[str, str], output_dir: str, run_id: str) -> IO[str]:
+    """Hold an flock for the run's life: the kernel drops it when the holder dies, so no stale lock."""
+    got = try_flock(lock_path(env, output_dir), run_id)
+    if isinstance(got, str):
+        raise OutputDirBusy(output_dir, got)
+    return got
+
+
+def relabel_lock(lock: IO[str], owner: str) -> None:
+    """Write the holder's name into a lock we hold (a new run's id is known only once it exists)."""
+    lock.seek(0)
+    lock.truncate()
+    lock.write(owner)
+    lock.flush()
+
+
+def adopt_lock(fd: int) -> IO[str]:
+    """The output_dir lock handed down by the process that started us (``--lock-fd``).
+
+    flock belongs to the open file, which parent and child now share: re-locking it succeeds only
+    if it is really held by that file, so a stray fd number fails here rather than racing later."""
+    import fcntl
+
+    f = os.fdopen(fd, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise BusyError("the output_dir lock handed to the supervisor is not held") from None
+    return f
+
+
+def offload_config_path() -> str:
+    return str(resources.files("ftlaunch").joinpath("data/ds_z3_offload_config.json"))
+
+
+# ---------------------------------------------------------------- the supervisor
+
+
+class Supervisor:
+    def __init__(
+        self,
+        run_dir: Path,
+        env: Mapping[str, str],
+        *,
+        echo: bool = False,
+        poll: float = 0.5,
+        stop_grace: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        spawn: Callable[..., subprocess.Popen] = subprocess.Popen,
+        lock: IO[str] | None = None,
+        read_kernel_log: Callable[[], str] | None = None,
+        gpu_sampler: Callable[[set[int]], float | None] | None = None,
+        sample_every: float = 5.0,
+    ):
+        self.run_dir = run_dir
+        self.env = dict(env)
+        self.echo = echo
+        self.poll = poll
+        self.stop_grace = stop_grace
+        self.clock = clock
+        self.spawn = spawn
+        self.stop_signal: int | None = None
+        self.trainer: subprocess.Popen | None = None
+        self.watch: HealthWatch | None = None  # numeric health (ftlaunch.run.health), set per run
+        # The output_dir lock, when the process that started this run took it (train/resume): the
+        # run is then never without it, so no second start can slip in between (races, issue 13).
+        self.lock = lock
+        self.read_kernel_log = read_kernel_log or kernel_log
+        # GPU memory the trainer's processes really use (NVML), beside the plan's prediction.
+        self.gpu_sampler = gpu_sampler or gpu_peak_of
+        self.sample_every = sample_every
+        self.observed_peak: float | None = None
+
+    # signal handlers record only
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_signal = signum
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    def _config(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        text = (self.run_dir / "config.yaml").read_text()
+        return yaml.safe_load(text) or {}, read_header(text)
+
+    def _write_config(self, values: dict[str, Any], header: dict[str, Any]) -> None:
+        write_text_atomic(self.run_dir / "config.yaml", dump_yaml(values, header))
+
+    def run(self) -> int:
+        previous = self._install_signals()  # from the start: a stop that comes early is not lost
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
+        state = read_state(self.run_dir)
+        if RunStatus(state["status"]) is RunStatus.SUCCEEDED:
+            if self.lock is not None:
+                self.lock.close()
+            return 0
+        values, header = self._config()
+        output_dir = str(values.get("output_dir", ""))
+        try:
+            lock = self.lock if self.lock is not None else acquire_output_lock(self.env, output_dir, self.run_dir.name)
+        except OutputDirBusy as exc:
+            # Held under this run's own id: another supervisor of this very run is live; its state is
+            # not ours to touch. Held by another run: this one never started.
+            if exc.holder != self.run_dir.name:
+                update_state(self.run_dir, status=RunStatus.FAILED.value, failure_kind="busy", message=str(exc))
+                append_event(self.run_dir, "failed", kind="busy", message=str(exc))
+            raise
+        update_state(
+            self.run_dir,
+            status=RunStatus.STARTING.value,
+            pid=os.getpid(),
+            pid_start=start_time(os.getpid()),
+            ended=None,
+            exit_code=None,
+        )
+        try:
+            return self._loop(values, header, output_dir)
+        finally:
+            lock.close()
+
+    def _loop(self, values: dict[str, Any], header: dict[str, Any], output_dir: str) -> int:
+        state = read_state(self.run_dir)
+        b = state.get("budget") or {}
+        budget = Budget.from_dict(b)
+        recover = bool(state.get("recover", True))
+        attempt = int(state.get("attempt", 0))
+        extra_env = dict(state.get("trainer_env") or {})
+        weights_only = bool(values.get("save_only_model"))
+        self.watch = HealthWatch(self.run_dir, values, self.env, self._say)
+        while True:
+            if self.stop_signal is not None:  # stopped before (or between) attempts: start nothing
+                stopped = Exit(FailureKind.STOPPED, "stopped by the user")
+                return self._finish(
+                    "stop", stopped, 0, "stopped by the user; resume with `ftlaunch resume`", values, budget
+                )
+            attempt += 1
+            out = Path(output_dir)
+            moved = self._set_aside_incomplete(out, weights_only)
+            last = prog.last_complete_checkpoint(out, weights_only)
+            resume_from = last[1].name if last else None
+            status = RunStatus.RUNNING if attempt == 1 else RunStatus.RECOVERING
+            # A later attempt is "recovering" until the trainer passes the furthest step seen before.
+            recover_until = int((read_state(self.run_dir).get("progress") or {}).get("step") or 0)
+            update_state(
+                self.run_dir,
+                status=status.value,
+                attempt=attempt,
+                budget=budget.to_dict(),
+                micro_batch=values.get("per_device_train_batch_size"),
+                accumulation=values.get("gradient_accumulation_steps"),
+                resume_from=resume_from,
+            )
+            append_event(
+                self.run_dir,
+                "attempt_started",
+                attempt=attempt,
+                resume_from=resume_from,
+                micro_batch=values.get("per_device_train_batch_size"),
+                accumulation=values.get("gradient_accumulation_steps"),
+                set_aside=moved,
+            )
+            self.watch.start()
+            rc, log_text, ckpt_before, ckpt_after, step = self._attempt(
+                out, attempt, extra_env, weights_only, recover_until if status is RunStatus.RECOVERING else None
+            )
+            # Numeric health first: a diverged trainer was halted by us, whatever its exit code says.
+            health = None if self.stop_signal is not None else self.watch.after(out, values, weights_only)
+            if health is not None and health.action == "rollback":
+                values.update(health.edits)
+                self._write_config(values, header)
+                continue
+            if health is not None:
+                ex = Exit(FailureKind.DIVERGED, health.message)
+                return self._finish("diverged", ex, rc, health.message, values, budget)
+            ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
+            if ex.kind is FailureKind.HOST_OOM:
+                ex = with_kernel_evidence(ex, read_state(self.run_dir).get("trainer_pid"), self.read_kernel_log)
+            append_event(
+                self.run_dir,
+                "exited",
+                attempt=attempt,
+                code=rc,
+                kind=ex.kind.value if ex.kind else "success",
+                message=ex.message,
+                step=step,
+            )
+            offload_ok = importlib.util.find_spec("deepspeed") is not None and bool(state.get("gpu_count", 0))
+            last = prog.last_complete_checkpoint(out, weights_only)
+            d = decide(
+                ex,
+                values,
+                budget,
+                recover=recover,
+                progressed=ckpt_after > ckpt_before,
+                offload_ok=offload_ok,
+                step=step,
+                resume_from=last[1].name if last else None,
+            )
+            budget = d.budget
+            if d.action == "retry":
+                for key, value in d.edits.items():
+                    if value == ZERO3_OFFLOAD:
+                        value = offload_config_path()
+                        extra_env.update({"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "1"})
+                    values[key] = value
+                self._write_config(values, header)
+                append_event(self.run_dir, "retry", attempt=attempt, message=d.message, edits=d.edits)
+                update_state(
+                    self.run_dir,
+                    status=RunStatus.RECOVERING.value,
+                    message=d.message,
+                    budget=budget.to_dict(),
+                    trainer_env=extra_env,
+                    last_failure=ex.kind.value if ex.kind else None,
+                    micro_batch=values.get("per_device_train_batch_size"),
+                    accumulation=values.get("gradient_accumulation_steps"),
+                    **({"recovered_batch": True} if "per_device_train_batch_size" in d.edits else {}),
+                )
+                self._say(f"ftlaunch: {d.message}")
+                continue
+            return self._finish(d.action, ex, rc, d.message, values, budget)
+
+    def _finish(self, action: str, ex: Any, rc: int, message: str, values: dict, budget: Budget) -> int:
+        if action == "succeed":
+            status, code = RunStatus.SUCCEEDED, 0
+        elif action == "stop":
+            status, code = RunStatus.STOPPED, STOPPED_EXIT
+        elif action == "diverged":
+            status, code = RunStatus.DIVERGED, int(ExitCode.DIVERGED)
+        else:
+            status, code = RunStatus.FAILED, (rc if rc > 0 else int(ExitCode.FAILED))
+        state = update_state(
+            self.run_dir,
+            status=status.value,
+            ended=time.time(),
+            exit_code=code,
+            failure_kind=ex.kind.value if ex.kind else None,
+            message=message,
+            budget=budget.to_dict(),
+            trainer_pid=None,
+        )
+        append_event(self.run_dir, status.value, message=message, exit_code=code)
+        if status is RunStatus.SUCCEEDED and state.get("memory_key") and state.get("recovered_batch"):
+            remember(self.env, state["memory_key"], values, reason=f"run {self.run_dir.name}")
+        if state.get("memory_key") and state.get("observed_peak_gib") and state.get("predicted_peak_gib"):
+            remember_observed(
+                self.env,
+                state["memory_key"],
+                observed_peak_gib=float(state["observed_peak_gib"]),
+                predicted_peak_gib=float(state["predicted_peak_gib"]),
+                micro_batch=int(values.get("per_device_train_batch_size") or 1),
+            )
+        self._say(f"ftlaunch: run {self.run_dir.name} {status.value}: {message}")
+        return code
+
+    def _sample_gpu(self, pid: int) -> None:
+        """Keep the largest GPU memory the trainer's process tree was seen to use (per GPU)."""
+        try:
+            import psutil
+
+            pids = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
+        except Exception:
+            pids = {pid}
+        used = self.gpu_sampler(pids)
+        if used is not None and (self.observed_peak is None or used > self.observed_peak):
+            self.observed_peak = used
+            update_state(self.run_dir, observed_peak_gib=round(used, 3))
+
+    def _say(self, text: str) -> None:
+        with open(self.run_dir / "train.log", "a") as f:
+            f.write(text + "\n")
+        if self.echo:
+            print(text, flush=True)
+
+    def _set_aside_incomplete(self, out: Path, weights_only: bool) -> list[str]:
+        """Move incomplete newest checkpoints aside (never delete): llamafactory picks by name."""
+        moved = []
+        for _step, path in reversed(prog.checkpoint_dirs(out)):
+            problems = prog.checkpoint_problems(path, weights_only)
+            if not problems:
+                break
+            target = out / f"incomplete-{path.name}-{int(time.time())}"
+            path.rename(target)
+            moved.append(f"{path.name} -> {target.name} ({'; '.join(problems)})")
+            append_event(self.run_dir, "checkpoint_set_aside", checkpoint=path.name, problems=problems)
+        return moved
+
+    def _attempt(
+        self, out: Path, attempt: int, extra_env: dict[str, str], weights_only: bool, recover_until: int | None = None
+    ) -> tuple[int, str, int, int, int | None]:
+        log_path = self.run_dir / "train.log"
+        with open(log_path, "a") as f:
+            f.write(f"\n===== ftlaunch attempt {attempt} =====\n")
+        log_offset = log_path.stat().st_size
+        tlog = out / "trainer_log.jsonl"
+        tlog_offset = tlog.stat().st_size if tlog.exists() else 0
+        ckpt_before = (prog.last_complete_checkpoint(out, weights_only) or (0, None))[0]
+        env = trainer_env(self.env, {}, extra_env)
+        config_path = self._trainer_config()
+        try:
+            cmd = trainer_command(find_trainer(self.env), config_path)
+            state = read_state(self.run_dir)
+            cwd = state.get("base_dir") if Path(state.get("base_dir") or "/nonexistent").is_dir() else None
+            self.trainer = self.spawn(
+                cmd,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+            )
+        except (FtlaunchError, OSError) as exc:
+            self._drop_trainer_config(config_path)
+            self._say(f"ftlaunch: cannot start the trainer: {exc}")
+            return 127, f"FileNotFoundError: cannot start the trainer: {exc}", ckpt_before, ckpt_before, None
+        trainer = self.trainer
+        update_state(self.run_dir, trainer_pid=trainer.pid, trainer_start=start_time(trainer.pid))
+        pump = threading.Thread(target=self._pump, args=(trainer.stdout, log_path), daemon=True)
+        pump.start()
+        first: tuple[int, float] | None = None
+        last_step: int | None = None
+        last_ckpt = ckpt_before
+        terminating_since: float | None = None
+        records: list[dict] = []
+        next_update = 0.0
+        next_sample = self.clock() + min(1.0, self.sample_every)
+        on_gpu = bool(state.get("gpu_count"))  # the plan's machine: NVML is asked only when it has GPUs
+        while True:
+            rc = trainer.poll()
+            halt = self.stop_signal is not None or (self.watch is not None and self.watch.halt)
+            if halt and rc is None:
+                if terminating_since is None:
+                    terminating_since = self.clock()
+                    append_event(self.run_dir, "stopping", signal=self.stop_signal)
+                    _killpg(trainer.pid, signal.SIGTERM)
+                elif self.clock() - terminating_since > self.stop_grace:
+                    _killpg(trainer.pid, signal.SIGKILL)
+            # progress from the trainer's own log, this attempt's lines only
+            if tlog.exists():
+                with open(tlog, "rb") as fb:  # bytes: a torn multibyte write must not raise
+                    fb.seek(tlog_offset)
+                    chunk = fb.read()
+                complete = chunk[: chunk.rfind(b"\n") + 1]
+                tlog_offset += len(complete)
+                new = prog.parse_trainer_log(complete)
+                if new:
+                    records.extend(new)
+                    if self.watch is not None:
+                        self.watch.feed(new)  # a divergence sets watch.halt: the trainer is stopped above
+                    now = time.time()
+                    if first is None:
+                        first = (int(new[0]["current_steps"]), now)
+                    last_step = int(new[-1]["current_steps"])
+                    p = prog.latest_progress(records)
+                    rate = None
+                    if first and last_step > first[0] and now > first[1]:
+                        rate = (last_step - first[0]) / (now - first[1])
+                    caught_up = recover_until is not None and last_step > recover_until
+                    if self.clock() >= next_update or rc is not None or caught_up:
+                        more: dict[str, Any] = {}
+                        if caught_up:
+                            more["status"] = RunStatus.RUNNING.value
+                            append_event(self.run_dir, "recovered", attempt=attempt, step=last_step)
+                            recover_until = None
+                        update_state(
+                            self.run_dir,
+                            progress=p.to_dict(),
+                            steps_per_second=rate,
+                            progress_at=now,
+                            **more,
+                        )
+                        next_update = self.clock() + 1.0
+            if on_gpu and self.clock() >= next_sample and rc is None:
+                self._sample_gpu(trainer.pid)
+                next_sample = self.clock() + self.sample_every
+            latest = prog.checkpoint_dirs(out)
+            if latest and latest[-1][0] > last_ckpt and not prog.checkpoint_problems(latest[-1][1], weights_only):
+                last_ckpt = latest[-1][0]
+                append_event(self.run_dir, "checkpoint", step=last_ckpt, path=latest[-1][1].name)
+                update_state(self.run_dir, last_checkpoint=last_ckpt)
+            if rc is not None:
+                break
+            time.sleep(self.poll)
+        if records:  # the last lines may have arrived while updates were throttled
+            update_state(self.run_dir, progress=prog.latest_progress(records).to_dict())
+        pump.join(timeout=10)
+        _killpg(trainer.pid, signal.SIGKILL)  # leave no stray workers of the trainer's group
+        self._drop_trainer_config(config_path)
+        with open(log_path, errors="replace") as f:
+            f.seek(log_offset)
+            log_text = f.read()
+        self.trainer = None
+        return rc, log_text, ckpt_before, last_ckpt, last_step
+
+    def _secrets(self) -> dict[str, Any]:
+        """Secret config keys (hub_token, ...): kept out of config.yaml, in a 0600 file of the run."""
+        return read_secrets(self.run_dir)
+
+    def _trainer_config(self) -> Path:
+        """The config the trainer reads: config.yaml, or with secrets a 0600 copy that includes them,
+        removed when the attempt ends."""
+        secrets = self._secrets()
+        if not secrets:
+            return self.run_dir / "config.yaml"
+        values, header = self._config()
+        path = self.run_dir / ".trainer-config.yaml"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(dump_yaml({**values, **secrets}, header))
+        return path
+
+    def _drop_trainer_config(self, path: Path) -> None:
+        if path.name == ".trainer-config.yaml":
+            path.unlink(missing_ok=True)
+
+    def _pump(self, stream: IO[bytes] | None, log_path: Path) -> None:
+        if stream is None:
+            return
+        secret_values = [str(v) for v in self._secrets().values()]
+        with open(log_path, "ab") as log:
+            for raw in iter(stream.readline, b""):
+                line = raw
+                text = raw.decode(errors="replace")
+                if self.watch is not None:
+                    self.watch.console(text)  # grad_norm is only in the console (numeric health)
+                clean = redact(text, self.env, secret_values)
+                if clean != text:
+                    line = clean.encode()
+                log.write(line)
+                log.flush()
+                if self.echo:
+                    try:
+                        sys.stdout.buffer.write(line)
+                        sys.stdout.buffer.flush()
+                    except (OSError, ValueError):
+                        self.echo = False  # the terminal went away; keep logging to the file
+        stream.close()
+
+
+def kernel_log() -> str:
+    """The kernel ring buffer when this user may read it (often root only); empty otherwise."""
+    try:
+        return subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def with_kernel_evidence(ex: Any, pid: int | None, read: Callable[[], str] = kernel_log) -> Any:
+    """Say only what the kernel log shows about a SIGKILL with no traceback (issue 11).
+
+    Shows an OOM kill of the trainer: a host OOM. Readable but shows none: not the OOM killer, a
+    crash retried as such. Unreadable: the cause is unknown, and the message says so."""
+    from dataclasses import replace
+
+    text = read()
+    if not text or not pid:
+        return replace(
+            ex,
+            message=ex.message + ": cause unknown (the kernel log is not readable here to tell whether the "
+            "host's OOM killer did it; `sudo dmesg` / `journalctl -k` would show it)",
+        )
+    if re.search(rf"Killed process {pid}\b", text):
+        return replace(ex, message=f"the kernel's OOM killer killed the trainer (pid {pid}): host RAM ran out")
+    return replace(
+        ex,
+        kind=FailureKind.CRASH,
+        message=ex.message + f": not the host's OOM killer (the kernel log shows no OOM kill of pid {pid}); "
+        "another process or a person sent SIGKILL",
+    )
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    lock_fd = None
+    if len(args) == 3 and args[1] == "--lock-fd" and args[2].isdigit():
+        lock_fd, args = int(args[2]), args[:1]
+    if len(args) != 1:
+        print("usage: python -m ftlaunch.run.supervisor RUN_DIR [--lock-fd N]", file=sys.stderr)
+        return 2
+    run_dir = Path(args[0])
+    # Detached: SIGHUP must not kill us even before handlers are installed.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        lock = adopt_lock(lock_fd) if lock_fd is not None else None
+        return Supervisor(run_dir, os.environ, lock=lock).run()
+    except FtlaunchError as exc:
+        print(f"ftlaunch supervisor: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
