@@ -141,7 +141,8 @@ def real(steps: int, rounds: int = 2) -> None:
     import sys
 
     import ftlaunch.run.supervisor as sup_mod
-    from ftlaunch.run.service import PlanRequest, create_run, make_plan
+    from ftlaunch.run.launch import create_run
+    from ftlaunch.run.prepare import PlanRequest, make_plan
 
     root = Path(__file__).resolve().parent.parent
     work = Path(tempfile.mkdtemp(prefix="ftl-bench-health-"))

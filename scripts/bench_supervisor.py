@@ -83,7 +83,8 @@ def main() -> None:
     )
 
     # 1. supervisor CPU share: run the supervisor in this process, the trainer is its child.
-    from ftlaunch.run.service import PlanRequest, create_run, make_plan
+    from ftlaunch.run.launch import create_run
+    from ftlaunch.run.prepare import PlanRequest, make_plan
     from ftlaunch.run.supervisor import Supervisor
 
     os.environ.update(env)

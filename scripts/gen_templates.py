@@ -27,9 +27,9 @@ PAIRS = [
 
 def render(name: str, card: str, model_config: str) -> str:
     from ftlaunch.errors import DoesNotFitError
+    from ftlaunch.plan.change import REMOVED
     from ftlaunch.plan.config import HEADER_MARK, dump_yaml
-    from ftlaunch.plan.planner import REMOVED
-    from ftlaunch.run.service import PlanRequest, make_plan
+    from ftlaunch.run.prepare import PlanRequest, make_plan
 
     req = PlanRequest(
         config=f"cluster/{name}.yaml",

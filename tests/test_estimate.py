@@ -18,6 +18,7 @@ from ftlaunch.estimate import core as est
 from ftlaunch.estimate import padding as est_pad
 from ftlaunch.estimate import probe as est_run
 from ftlaunch.estimate import throughput as est_tp
+from ftlaunch.run import accounting as acc
 
 
 def stats_of(lengths, *, cutoff=64, packing=False, raw=None, rows=None, labels=None, stage="sft", **kw):
@@ -213,7 +214,7 @@ def probe_records(steps=12, slow_first=3, sps=0.5, tokens_per_step=200, final=Tr
 
 def test_sustained_rate_discards_warmup():
     recs, _ = probe_records()
-    pts = est_tp.trainer_clock(recs)
+    pts = acc.trainer_clock(recs)
     assert len(pts) == 12  # the final summary record is left out
     sps, tps, n = est_tp.sustained(pts, warmup=3)
     assert sps == pytest.approx(0.5, rel=1e-4) and tps == pytest.approx(400, rel=1e-4) and n == 9
@@ -289,12 +290,12 @@ def test_time_from_flops_is_a_labelled_guess():
 
 
 def test_gpu_hours_and_projection():
-    assert est.gpu_hours(3600, 4) == 4.0
-    assert est.gpu_hours(1800, 0) == 0.0  # the CPU bills no GPU
-    assert est.projected_hours(50, 100, 0.01) == pytest.approx(5000 / 3600)
-    assert est.projected_hours(100, 100, 1.0) == 0.0
-    assert est.projected_hours(None, 100, 1.0) is None
-    assert est.projected_hours(5, 100, None) is None
+    assert acc.gpu_hours(3600, 4) == 4.0
+    assert acc.gpu_hours(1800, 0) == 0.0  # the CPU bills no GPU
+    assert acc.projected_hours(50, 100, 0.01) == pytest.approx(5000 / 3600)
+    assert acc.projected_hours(100, 100, 1.0) == 0.0
+    assert acc.projected_hours(None, 100, 1.0) is None
+    assert acc.projected_hours(5, 100, None) is None
 
 
 def test_levers_rank_by_effect():
@@ -418,12 +419,12 @@ def test_split_attempts_at_restarts():
     first = [rec(s, s) for s in range(1, 7)]
     second = [rec(s, s - 4) for s in range(5, 9)]  # resumed from checkpoint-4: steps 5, 6 again
     final = {"current_steps": 8, "elapsed_time": "0:00:05"}
-    segs = est.split_attempts([*first, *second, final])
+    segs = acc.split_attempts([*first, *second, final])
     assert [[r["current_steps"] for r in s] for s in segs] == [[1, 2, 3, 4, 5, 6], [5, 6, 7, 8]]
     # resumed right after its last logged step: only the clock shows the restart
-    segs = est.split_attempts([rec(1, 10), rec(2, 20), rec(3, 1), rec(4, 2)])
+    segs = acc.split_attempts([rec(1, 10), rec(2, 20), rec(3, 1), rec(4, 2)])
     assert len(segs) == 2
-    label, series = est.rate_series(segs[1])
+    label, series = acc.rate_series(segs[1])
     assert label == "steps/s" and series[-1] == (4, 1.0)
 
 
@@ -434,11 +435,11 @@ def test_recent_rates_ignore_tokens_restored_by_a_resume():
     for i, step in enumerate(range(7, 13), start=1):
         tok, t = 600 + 100 * i, 0.25 * i
         resumed.append({"current_steps": step, "loss": 1.0, "total_tokens": tok, "throughput": round(tok / t, 2)})
-    rates = est.recent_rates(recs + resumed, window=3)
+    rates = acc.recent_rates(recs + resumed, window=3)
     assert rates["steps_per_second"] == pytest.approx(4.0, rel=1e-3)
     assert rates["tokens_per_second"] == pytest.approx(400.0, rel=1e-3)
     assert resumed[-1]["throughput"] == pytest.approx(2 * rates["tokens_per_second"])  # what llamafactory logs
-    assert est.recent_rates([]) == {"steps_per_second": None, "tokens_per_second": None}
+    assert acc.recent_rates([]) == {"steps_per_second": None, "tokens_per_second": None}
 
 
 def test_attempt_spans_and_busy_seconds():
@@ -449,9 +450,9 @@ def test_attempt_spans_and_busy_seconds():
         {"t": "2026-01-01T01:00:00+00:00", "event": "attempt_started", "attempt": 2, "resume_from": "checkpoint-40"},
     ]
     end = 1767229200.0 + 300  # 01:05
-    spans = est.attempt_spans(events, now=end)
+    spans = acc.attempt_spans(events, now=end)
     assert [s["resume_from"] for s in spans] == [None, 40]
-    assert est.busy_seconds(spans) == pytest.approx(600 + 300)
+    assert acc.busy_seconds(spans) == pytest.approx(600 + 300)
 
 
 def test_segments_are_labelled_with_attempts_that_exist():
@@ -465,10 +466,10 @@ def test_segments_are_labelled_with_attempts_that_exist():
         {"attempt": 3, "resume_from": 10},
         {"attempt": 4, "resume_from": 20},
     ]
-    assert est.segment_attempts([seg(1, 12), seg(11, 22), seg(21, 30)], spans) == [1, 3, 4]
+    assert acc.segment_attempts([seg(1, 12), seg(11, 22), seg(21, 30)], spans) == [1, 3, 4]
     # A segment the events cannot explain (no events at all, or a foreign restart) is not numbered.
-    assert est.segment_attempts([seg(1, 5), seg(3, 8)], []) == [None, None]
-    assert est.segment_attempts([seg(1, 5), seg(3, 8)], spans[:1]) == [1, None]
+    assert acc.segment_attempts([seg(1, 5), seg(3, 8)], []) == [None, None]
+    assert acc.segment_attempts([seg(1, 5), seg(3, 8)], spans[:1]) == [1, None]
 
 
 def test_a_lost_attempt_counts_until_its_last_sign_of_life():
@@ -478,10 +479,10 @@ def test_a_lost_attempt_counts_until_its_last_sign_of_life():
         {"t": "2026-01-01T00:30:00+00:00", "event": "attempt_started", "attempt": 2, "resume_from": "checkpoint-9"},
     ]
     last_seen = 1767225600.0 + 45 * 60  # 00:45, e.g. train.log's mtime
-    spans = est.attempt_spans(events, now=last_seen)
+    spans = acc.attempt_spans(events, now=last_seen)
     assert [(s["attempt"], s["end"] - s["start"]) for s in spans] == [(1, 1800), (2, 900)]
-    assert est.busy_seconds(spans) == pytest.approx(2700)
-    assert est.attempt_spans(events)[-1]["end"] is None  # no end given: the last one stays open
+    assert acc.busy_seconds(spans) == pytest.approx(2700)
+    assert acc.attempt_spans(events)[-1]["end"] is None  # no end given: the last one stays open
 
 
 # ---------------------------------------------------------------- the commands (in-process)
@@ -500,7 +501,8 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_plot_draws_loss_and_throughput_with_restarts(tmp_path, isolated_home):
-    from ftlaunch.run.store import STATE_VERSION, append_event, write_json_atomic
+    from ftlaunch.files import write_json_atomic
+    from ftlaunch.run.store import STATE_VERSION, append_event
 
     out_dir = tmp_path / "out"
     out_dir.mkdir()

@@ -30,8 +30,9 @@ from ftlaunch.hub.datasets import (
     prefetch_datasets,
     with_datasets,
 )
+from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import catalog_hardware
-from ftlaunch.plan.planner import Change, plan
+from ftlaunch.plan.planner import plan
 
 from .conftest import tiny_config, venv_bin, write_yaml
 from .fakehub import FakeHub

@@ -13,8 +13,9 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from ftlaunch.cli.main import main
-from ftlaunch.cli.render import PIPE_WIDTH, runs_table
+from ftlaunch.cli.render import runs_table
 from ftlaunch.cli.schedule import schedule_group
+from ftlaunch.plan.render import PIPE_WIDTH
 
 from .conftest import venv_bin
 from .test_schedule import fake_trainer, project, scratch_crontab  # noqa: F401 (fixtures)
@@ -166,7 +167,7 @@ def test_lost_run_counts_its_gpu_hours(project, fake_trainer, isolated_home):  #
 
 
 def test_does_not_fit_table_says_why_an_option_is_no_and_groups_by_kind():
-    from ftlaunch.cli.render import alternatives_table
+    from ftlaunch.plan.render import alternatives_table
 
     alts = [
         {"option": "ZeRO-3 CPU offload", "kind": "same-numbers", "peak_gib": 5.3, "host_gib": 202.0, "fits": False,
@@ -201,7 +202,7 @@ def test_train_json_keys_agree_between_help_and_readme():
 
 
 def test_json_output_is_strict_even_with_a_nan_loss():
-    from ftlaunch.cli.render import to_json
+    from ftlaunch.files import to_json
 
     text = to_json({"loss": float("nan"), "lr": float("inf"), "rows": [1.0, float("-inf")], "ok": 0.5})
     assert json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c))) == {

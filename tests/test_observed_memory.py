@@ -12,7 +12,8 @@ import yaml
 
 from ftlaunch.plan.hardware import gpu_peak_of
 from ftlaunch.plan.memory_store import recall
-from ftlaunch.run.service import PlanRequest, create_run, make_plan
+from ftlaunch.run.launch import create_run
+from ftlaunch.run.prepare import PlanRequest, make_plan
 from ftlaunch.run.store import read_state
 from ftlaunch.run.supervisor import Supervisor
 
@@ -53,7 +54,7 @@ def test_observed_peak_is_recorded_beside_the_prediction_and_corrects_the_next_p
     assert code == 0
     state = read_state(run_dir)
     assert state["predicted_peak_gib"] == predicted and state["observed_peak_gib"] == round(seen, 3)
-    from ftlaunch.run.service import run_view
+    from ftlaunch.run.view import run_view
 
     view = run_view(run_dir)
     assert (view["predicted_peak_gib"], view["observed_peak_gib"]) == (predicted, round(seen, 3))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from ftlaunch.plan.change import REMOVED
 from ftlaunch.plan.config import dump_yaml, known_keys, load_config, read_header, resolve_paths
 from ftlaunch.plan.hardware import catalog_hardware
-from ftlaunch.plan.planner import REMOVED, PlanOptions, plan, split_batch
+from ftlaunch.plan.planner import PlanOptions, plan, split_batch
 
 from .conftest import EXAMPLES
 
@@ -133,7 +134,7 @@ def test_plan_is_json_serialisable():
 def test_memory_driven_plan_is_idempotent(name, card, tmp_path):
     """With the memory model in the loop (offload, micro-batch), re-planning changes nothing."""
     from ftlaunch.errors import DoesNotFitError
-    from ftlaunch.run.service import PlanRequest, make_plan
+    from ftlaunch.run.prepare import PlanRequest, make_plan
 
     from .conftest import ROOT
 

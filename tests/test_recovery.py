@@ -111,7 +111,8 @@ def make_run(tmp_path: Path, script: list[dict], config: dict | None = None) -> 
     """A real run directory (via the service layer) whose trainer is tests/fake_trainer.py."""
 
     from ftlaunch.plan.hardware import catalog_hardware
-    from ftlaunch.run.service import PlanRequest, create_run, make_plan
+    from ftlaunch.run.launch import create_run
+    from ftlaunch.run.prepare import PlanRequest, make_plan
 
     src = write_config(tmp_path, **{"per_device_train_batch_size": 4, **(config or {})})
     env = {
@@ -199,7 +200,7 @@ def test_half_written_checkpoint_is_moved_aside_not_deleted(tmp_path):
 
 def test_a_run_that_gave_up_resumes_by_hand_after_a_change(tmp_path):
     from ftlaunch.errors import ConfigError
-    from ftlaunch.run.service import resume_run
+    from ftlaunch.run.control import resume_run
 
     run_dir, env = make_run(
         tmp_path, [{"oom": True}, {"ok": True}], {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8}

@@ -347,8 +347,8 @@ def test_case2_a_stop_while_the_run_is_being_started_waits_for_its_supervisor(tm
     import threading
     import time
 
-    from ftlaunch.run.service import _wait_while_starting
-    from ftlaunch.run.supervisor import acquire_output_lock
+    from ftlaunch.run.control import _wait_while_starting
+    from ftlaunch.run.outdir import acquire_output_lock
 
     from .test_recovery import make_run
 

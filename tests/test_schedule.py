@@ -432,7 +432,7 @@ def test_versions_latest_and_pruning(project, fake_trainer, tmp_path, isolated_h
 
 def test_a_supervisor_that_refuses_is_recorded_and_notified(project, fake_trainer, tmp_path, isolated_home):
     from ftlaunch.errors import BusyError
-    from ftlaunch.run.supervisor import acquire_output_lock
+    from ftlaunch.run.outdir import acquire_output_lock
 
     env = dict(os.environ)
     sch.add_schedule(

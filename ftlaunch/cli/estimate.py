@@ -18,8 +18,8 @@ from typing import Any
 import click
 
 from ftlaunch.cli.options import compare_options, env_now
-from ftlaunch.cli.render import to_json
 from ftlaunch.errors import FtlaunchError
+from ftlaunch.files import to_json
 from ftlaunch.run.options import RunOptions
 
 
@@ -92,8 +92,8 @@ def estimate_cmd(
     """
     from ftlaunch.estimate import probe as estimate_run
     from ftlaunch.estimate.compare import parse_prices
-    from ftlaunch.run.service import make_plan
-    from ftlaunch.run.store import home
+    from ftlaunch.files import home
+    from ftlaunch.run.prepare import make_plan
 
     if probe_steps and (gpu or hardware_file):
         raise click.UsageError("--probe-steps measures this machine; it cannot be combined with --gpu or --hardware")
@@ -142,7 +142,7 @@ def estimate_cmd(
 def _count_tokens(values: Mapping[str, Any], env: Mapping[str, str], say: str) -> Any:
     """Exact token counts in a scratch folder under FTLAUNCH_HOME (kept, with its log, on failure)."""
     from ftlaunch.estimate import probe as estimate_run
-    from ftlaunch.run.store import home
+    from ftlaunch.files import home
 
     scratch = home(env) / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
@@ -190,7 +190,7 @@ def _compare(
     """Plan and estimate each machine; count the tokens once (they do not depend on the machine)."""
     from ftlaunch.errors import DoesNotFitError
     from ftlaunch.estimate import compare
-    from ftlaunch.run.service import get_hardware, make_plan
+    from ftlaunch.run.prepare import get_hardware, make_plan
 
     stats = None
     rows = []
@@ -329,7 +329,8 @@ def _fmt_hours(pair: Sequence[float] | None) -> str:
 def _render(out: Mapping[str, Any]) -> None:
     from rich.table import Table
 
-    from ftlaunch.cli.render import Out, memory_table
+    from ftlaunch.cli.render import Out
+    from ftlaunch.plan.render import memory_table
 
     console = Out()
     pc = out["length_percentiles"]
@@ -415,7 +416,7 @@ def plot_cmd(run: str | None, out: str | None) -> None:
       ftlaunch plot nightly --out nightly.png
       ftlaunch plot saves/qwen3-sft
     """
-    from ftlaunch.estimate import core as est
+    from ftlaunch.run import accounting as acc
     from ftlaunch.run.progress import parse_trainer_log
     from ftlaunch.run.store import find_run, read_events, read_state
 
@@ -435,11 +436,11 @@ def plot_cmd(run: str | None, out: str | None) -> None:
     tlog = output_dir / "trainer_log.jsonl"
     if not tlog.is_file():
         raise FtlaunchError(f"no {tlog} yet", hint="the trainer writes it from its first logged step (logging_steps)")
-    segments = est.split_attempts(parse_trainer_log(tlog.read_text(errors="replace")))
+    segments = acc.split_attempts(parse_trainer_log(tlog.read_text(errors="replace")))
     if not segments:
         raise FtlaunchError(f"{tlog} has no logged training steps yet")
     path = Path(out) if out else default_out
-    draw_progress(segments, est.attempt_spans(events), path, title)
+    draw_progress(segments, acc.attempt_spans(events), path, title)
     click.echo(f"wrote {path}")
 
 
@@ -496,7 +497,7 @@ def draw_progress(
     segments: Sequence[Sequence[Mapping[str, Any]]], spans: Sequence[Mapping[str, Any]], path: Path, title: str
 ) -> Path:
     """Loss and throughput over steps, one line per attempt, restarts as dashed vertical lines."""
-    from ftlaunch.estimate.core import rate_series, segment_attempts
+    from ftlaunch.run.accounting import rate_series, segment_attempts
 
     plt = _pyplot()
     fig, (ax_loss, ax_rate) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))

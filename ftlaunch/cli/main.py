@@ -17,8 +17,10 @@ from rich.table import Table
 
 from ftlaunch import __version__
 from ftlaunch.cli.options import env_now, plan_options, run_options
-from ftlaunch.cli.render import Out, alternatives_table, runs_table
+from ftlaunch.cli.render import Out, runs_table
 from ftlaunch.errors import DoesNotFitError, ExitCode, FtlaunchError
+from ftlaunch.plan.memplan import simulation_line
+from ftlaunch.plan.render import alternatives_table
 
 console = Out()
 err_console = Out(stderr=True)
@@ -42,7 +44,7 @@ class FtlaunchGroup(click.Group):
 
 
 def _echo_json(obj: Any) -> None:
-    from ftlaunch.cli.render import to_json
+    from ftlaunch.files import to_json
 
     click.echo(to_json(obj))
 
@@ -86,8 +88,8 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
       ftlaunch plan cfg.yaml --source-gpus 8 --json
       ftlaunch plan cfg.yaml --gpu V100-32GB --simulate      # also measure it on fake tensors
     """
-    from ftlaunch.cli.render import plan_renderables
-    from ftlaunch.run.service import make_plan
+    from ftlaunch.plan.render import plan_renderables
+    from ftlaunch.run.prepare import make_plan
 
     try:
         _, p = make_plan(_request(config, overrides, False, **kw), env_now())
@@ -116,31 +118,7 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
     for r in plan_renderables(p):
         console.print(r)
     if sim is not None:
-        console.print(_simulation_line(sim), highlight=False)
-
-
-def _simulation_line(sim: dict[str, Any]) -> str:
-    if sim.get("simulated_peak_gib") is None:
-        why = sim.get("error") or "; ".join(sim.get("unsupported") or [])
-        return f"not simulated ({why}): the formula's figure stands"
-    return (
-        f"simulated peak {sim['simulated_peak_gib']:.2f} GiB (tensors {sim['simulated_tensors_gib']:.2f}) "
-        f"beside the formula's {sim['formula_peak_gib']:.2f} GiB (tensors {sim['formula_tensors_gib']:.2f}); "
-        f"{sim['seconds']:.0f} s"
-    )
-
-
-def _simulate_if_tight(p: Any, simulate: bool | None, model_config: str | None) -> Any:
-    """`train`: a tight plan is checked on fake tensors first (unless --no-simulate)."""
-    from ftlaunch.plan.memplan import simulate_plan, simulation_wanted, with_simulation
-
-    if not simulation_wanted(p, simulate):
-        return p
-    verdict = (p.memory or {}).get("verdict")
-    err_console.print(f"plan is {verdict}: simulating two optimizer steps on fake tensors first (--no-simulate skips)")
-    sim = simulate_plan(p, model_config)
-    err_console.print(_simulation_line(sim), highlight=False)
-    return with_simulation(p, sim)
+        console.print(simulation_line(sim), highlight=False)
 
 
 @main.command()
@@ -210,11 +188,10 @@ def train(
       ftlaunch train cfg.yaml --foreground
       ftlaunch train cfg.yaml --slurm --nodes 2 --gpu A100-80GBx8 --partition gpu --time 24:00:00
     """
-    from ftlaunch.cli.render import plan_renderables
+    from ftlaunch.plan.render import plan_renderables
+    from ftlaunch.run.launch import start_run
     from ftlaunch.run.options import RunOptions
-    from ftlaunch.run.service import Existing, make_plan, new_run, start_detached
-    from ftlaunch.run.supervisor import Supervisor
-    from ftlaunch.run.trainer import find_trainer
+    from ftlaunch.run.outdir import Existing
 
     env = env_now()
     opts = RunOptions.from_kwargs(kw)
@@ -240,25 +217,34 @@ def train(
         return
     if any((nodes != 1, partition, time_limit, account, sbatch_args)):
         raise click.UsageError("--nodes, --partition, --time, --account and --sbatch-arg go with --slurm")
-    loaded, p = make_plan(opts.plan_request(config, overrides, strict=True), env)
-    find_trainer(env)
-    p = _simulate_if_tight(p, simulate, opts.model_config)
-    # Holds the output_dir's lock from here on, handed to the supervisor: exit 7 if it is taken.
-    run_dir, lock = new_run(loaded, p, env, existing=Existing(existing or "refuse"), **opts.supervisor_settings())
-    if not as_json:
-        for r in plan_renderables(p):
-            err_console.print(r)
+
+    def created(run_dir: Path, p: Any) -> None:
+        if not as_json:
+            for r in plan_renderables(p):
+                err_console.print(r)
+        if foreground:
+            err_console.print(f"run {run_dir.name} (foreground); run dir {run_dir}", highlight=False)
+
+    started = start_run(
+        opts.plan_request(config, overrides, strict=True),
+        env,
+        opts.supervisor_settings(),
+        existing=Existing(existing or "refuse"),
+        simulate=simulate,
+        foreground=foreground,
+        echo=not as_json,
+        on_created=created,
+        say=lambda text: err_console.print(text, highlight=False),
+    )
+    run_dir = started.run_dir
     if foreground:
-        err_console.print(f"run {run_dir.name} (foreground); run dir {run_dir}", highlight=False)
-        code = Supervisor(run_dir, env, echo=not as_json, lock=lock).run()
         if as_json:
-            _echo_json({"id": run_dir.name, "run_dir": str(run_dir), "exit_code": code})
-        sys.exit(code)
-    pid = start_detached(run_dir, env, lock=lock)
+            _echo_json({"id": run_dir.name, "run_dir": str(run_dir), "exit_code": started.exit_code})
+        sys.exit(started.exit_code)
     if as_json:
-        _echo_json({"id": run_dir.name, "run_dir": str(run_dir), "pid": pid})
+        _echo_json({"id": run_dir.name, "run_dir": str(run_dir), "pid": started.pid})
     else:
-        click.echo(f"started run {run_dir.name} (supervisor pid {pid})")
+        click.echo(f"started run {run_dir.name} (supervisor pid {started.pid})")
         click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
         click.echo(f"  status: ftlaunch status {run_dir.name}")
         click.echo(f"  stop:   ftlaunch stop {run_dir.name}")
@@ -272,7 +258,7 @@ FOLLOW_TAIL_LINES = 20
 
 def _follow_and_exit(run_dir: Path, tail_lines: int | None = None) -> None:
     """Follow to the end, then exit like `status`: 0 succeeded, 1 failed/stopped, 11 still running."""
-    from ftlaunch.run.service import run_view
+    from ftlaunch.run.view import run_view
 
     _follow(run_dir, tail_lines=tail_lines)
     sys.exit(STATUS_EXIT.get(run_view(run_dir)["status"], 1))
@@ -298,7 +284,7 @@ def download(repo_id: str, mirror: str, revision: str | None, repo_type: str, as
       ftlaunch download Qwen/Qwen2.5-1.5B-Instruct --mirror hf-mirror --json
       ftlaunch download tatsu-lab/alpaca --repo-type dataset
     """
-    from ftlaunch.run.service import prefetch_model
+    from ftlaunch.hub.model import prefetch_model
 
     def on_retry(n: int, total: int, exc: BaseException, wait: float) -> None:
         err_console.print(f"[{n}/{total}] {type(exc).__name__}: retrying in {wait:.1f}s", highlight=False, markup=False)
@@ -330,8 +316,8 @@ def env_cmd(as_json: bool) -> None:
       ftlaunch env
       ftlaunch env --json > hw.json   # then elsewhere: ftlaunch plan cfg.yaml --hardware hw.json
     """
-    from ftlaunch.cli.render import hardware_renderables
     from ftlaunch.plan.hardware import probe
+    from ftlaunch.plan.render import hardware_renderables
 
     hw = probe(env_now())
     if as_json:
@@ -350,7 +336,7 @@ def runs(as_json: bool) -> None:
     Example:
       ftlaunch runs
     """
-    from ftlaunch.run.service import all_runs
+    from ftlaunch.run.view import all_runs
 
     rows = all_runs(env_now())
     if as_json:
@@ -383,7 +369,8 @@ def status(run: str | None, as_json: bool) -> None:
       ftlaunch status
       ftlaunch status nightly --json
     """
-    from ftlaunch.run.service import resolve_run, run_view
+    from ftlaunch.run.control import resolve_run
+    from ftlaunch.run.view import run_view
 
     view = run_view(resolve_run(env_now(), run))
     if as_json:
@@ -451,7 +438,7 @@ def logs(run: str | None, follow: bool) -> None:
       ftlaunch logs
       ftlaunch logs -f 20261130-1200
     """
-    from ftlaunch.run.service import resolve_run
+    from ftlaunch.run.control import resolve_run
 
     run_dir = resolve_run(env_now(), run)
     if follow:
@@ -476,8 +463,8 @@ def _tail_offset(f: Any, lines: int, block: int = 8192) -> int:
 
 def _follow(run_dir: Path, tail_lines: int | None = None, poll: float = 0.3) -> None:
     """Print the log (all of it, or its last `tail_lines` lines), then follow until the run ends."""
-    from ftlaunch.run.service import run_view
     from ftlaunch.run.store import RunStatus
+    from ftlaunch.run.view import run_view
 
     path = run_dir / "train.log"
     try:
@@ -511,7 +498,7 @@ def stop(run: str | None, grace: float) -> None:
     Example:
       ftlaunch stop
     """
-    from ftlaunch.run.service import resolve_run, stop_run
+    from ftlaunch.run.control import resolve_run, stop_run
 
     click.echo(stop_run(resolve_run(env_now(), run), grace=grace))
 
@@ -543,7 +530,7 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool | None, allow_g
       ftlaunch resume --no-follow
       ftlaunch resume nightly per_device_train_batch_size=1 gradient_accumulation_steps=8
     """
-    from ftlaunch.run.service import resolve_run, resume_run
+    from ftlaunch.run.control import resolve_run, resume_run
 
     runs = [a for a in args if "=" not in a]
     overrides = tuple(a for a in args if "=" in a)
@@ -551,7 +538,7 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool | None, allow_g
         raise click.UsageError(f"one RUN at most, got {', '.join(runs)}")
     run_dir = resolve_run(env_now(), runs[0] if runs else None)
     if overrides:
-        from ftlaunch.run.service import preview_run_edit
+        from ftlaunch.run.control import preview_run_edit
 
         for key, before, after, note in preview_run_edit(run_dir, overrides):
             err_console.print(f"  {key}: {before} -> {after}{f'  ({note})' if note else ''}", highlight=False)

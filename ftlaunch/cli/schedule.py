@@ -20,7 +20,7 @@ err_console = Out(stderr=True)
 
 
 def _echo_json(obj: Any) -> None:
-    from ftlaunch.cli.render import to_json
+    from ftlaunch.files import to_json
 
     click.echo(to_json(obj))
 

@@ -201,10 +201,10 @@ def probe_throughput(
     """Run ``llamafactory-cli train`` for warmup + steps optimizer steps in a scratch output_dir
     (deleted afterwards unless it failed or ``keep``) and measure the sustained rate."""
     from ftlaunch.errors import FtlaunchError
+    from ftlaunch.files import home
     from ftlaunch.plan.config import dump_yaml
     from ftlaunch.run.procs import terminate_group
     from ftlaunch.run.progress import parse_trainer_log
-    from ftlaunch.run.store import home
     from ftlaunch.run.trainer import find_trainer, trainer_env
 
     if steps < 2:

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ftlaunch.run.accounting import trainer_clock
+
 # ============================================================================================
 # Throughput: a probe's trainer_log.jsonl -> sustained rate
 # ============================================================================================
@@ -30,19 +32,6 @@ class Throughput:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def trainer_clock(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, float, int | None]]:
-    """(step, seconds since training began, tokens seen) per logged step, from the trainer's own
-    clock: llamafactory writes throughput = tokens / (now - start), so now - start = tokens / it,
-    to ~1e-5 relative (elapsed_time itself is whole seconds). Steps without those fields are left
-    out; the final summary record (no loss) too."""
-    out = []
-    for r in records:
-        if r.get("loss") is None or not r.get("throughput") or not r.get("total_tokens"):
-            continue
-        out.append((int(r["current_steps"]), float(r["total_tokens"]) / float(r["throughput"]), int(r["total_tokens"])))
-    return out
 
 
 def sustained(points: Sequence[tuple[int, float, int | None]], warmup: int) -> tuple[float, float | None, int]:

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError
-from ftlaunch.plan.planner import Change, Plan
+from ftlaunch.plan.change import Change
+from ftlaunch.plan.planner import Plan
 
 INFO_FILE = "dataset_info.json"
 RUN_DIR = "{run_dir}"  # stands for the run folder in a plan until create_run knows its path

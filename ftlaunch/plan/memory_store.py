@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ftlaunch.run.store import home, now_iso, write_json_atomic
+from ftlaunch.files import home, now_iso, write_json_atomic
 
 # Keys that the planner itself decides: leaving them out makes the hash stable across plans.
 _PLANNED = {

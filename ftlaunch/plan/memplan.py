@@ -14,7 +14,7 @@ from typing import Any
 
 from ftlaunch.errors import ConfigError, DoesNotFitError
 from ftlaunch.plan.hardware import Hardware
-from ftlaunch.run.recovery import ZERO3_OFFLOAD
+from ftlaunch.plan.offload import materialize
 
 
 @dataclass(frozen=True)
@@ -258,12 +258,9 @@ def make_memory_chooser(
             )
         edits: list[tuple[str, Any, str]] = []
         env: dict[str, str] = {}
-        for key, _old, new, reason in choice.changes:
-            if new == ZERO3_OFFLOAD:
-                from ftlaunch.run.supervisor import offload_config_path
-
-                new = offload_config_path()
-                env.update({"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "1"})
+        for key, _old, decided, reason in choice.changes:
+            new, launch_env = materialize(decided)
+            env.update(launch_env)
             edits.append((key, new, reason))
         warnings: tuple[str, ...] = (correction_why,) if correction_why else ()
         if choice.verdict == memory.TIGHT:
@@ -286,3 +283,14 @@ def make_memory_chooser(
         return MemoryDecision(choice.micro_batch, mem, tuple(edits), env, warnings, reason)
 
     return choose
+
+
+def simulation_line(sim: dict[str, Any]) -> str:
+    if sim.get("simulated_peak_gib") is None:
+        why = sim.get("error") or "; ".join(sim.get("unsupported") or [])
+        return f"not simulated ({why}): the formula's figure stands"
+    return (
+        f"simulated peak {sim['simulated_peak_gib']:.2f} GiB (tensors {sim['simulated_tensors_gib']:.2f}) "
+        f"beside the formula's {sim['formula_peak_gib']:.2f} GiB (tensors {sim['formula_tensors_gib']:.2f}); "
+        f"{sim['seconds']:.0f} s"
+    )

@@ -11,20 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftlaunch.plan.change import REMOVED, Change
 from ftlaunch.plan.hardware import Hardware
-
-REMOVED = "<removed>"  # the ``new`` of a Change that deletes a key
-
-
-@dataclass(frozen=True)
-class Change:
-    key: str
-    old: Any
-    new: Any
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "old": self.old, "new": self.new, "reason": self.reason}
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class RunOptions:
 
     def plan_request(self, config: str, overrides: tuple[str, ...], *, strict: bool, cwd: str | None = None) -> Any:
         """The planner's request: `strict` is train (missing files are errors, weights downloaded)."""
-        from ftlaunch.run.service import PlanRequest
+        from ftlaunch.run.prepare import PlanRequest
 
         # The planner's own fields are named alike here: pass on every one this value holds.
         shared = {f.name: getattr(self, f.name) for f in fields(PlanRequest) if hasattr(self, f.name)}

@@ -12,6 +12,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftlaunch.plan.offload import ZERO3_OFFLOAD
 from ftlaunch.run.store import FailureKind
 
 # Torchrun prefixes child lines with "[rank0]:"; we search the whole attempt's log.
@@ -98,8 +99,6 @@ def classify(returncode: int, log: str, *, stop_requested: bool = False) -> Exit
 
 
 # ---------------------------------------------------------------- what to do next
-
-ZERO3_OFFLOAD = "ds_z3_offload"  # placeholder value, mapped to ftlaunch/data/ds_z3_offload_config.json
 
 
 _GIB = {"B": 2**-30, "KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0, "TiB": 1024.0}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import RunNotFoundError, StateError, StateVersionError
+from ftlaunch.files import home, now_iso, write_json_atomic
 
 STATE_VERSION = 1
 
@@ -60,53 +61,13 @@ class FailureKind(StrEnum):
     STOPPED = "stopped_by_user"
 
 
-def home(env: Mapping[str, str]) -> Path:
-    """FTLAUNCH_HOME, else the XDG state dir (~/.local/state/ftlaunch)."""
-    if env.get("FTLAUNCH_HOME"):
-        return Path(env["FTLAUNCH_HOME"]).expanduser()
-    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")) / ".local" / "state")
-    return Path(base).expanduser() / "ftlaunch"
-
-
 def runs_root(env: Mapping[str, str]) -> Path:
     return home(env) / "runs"
-
-
-def now_iso(t: float | None = None) -> str:
-    return datetime.fromtimestamp(time.time() if t is None else t, UTC).isoformat(timespec="milliseconds")
 
 
 def new_run_id(t: float | None = None) -> str:
     stamp = datetime.fromtimestamp(time.time() if t is None else t, UTC).strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{secrets.token_hex(2)}"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that readers see the old or the new file, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def append_event(run_dir: Path, event: str, **fields: Any) -> dict[str, Any]:

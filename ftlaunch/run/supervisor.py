@@ -8,7 +8,6 @@ SignalReceiver). Decisions come from the pure ``ftlaunch.run.recovery``.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -18,99 +17,29 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
-from ftlaunch.errors import BusyError, ExitCode, FtlaunchError
-from ftlaunch.locks import try_flock
+from ftlaunch.errors import ExitCode, FtlaunchError
+from ftlaunch.files import write_text_atomic
 from ftlaunch.plan.config import dump_yaml, read_header
 from ftlaunch.plan.hardware import gpu_peak_of
 from ftlaunch.plan.memory_store import remember, remember_observed
+from ftlaunch.plan.offload import materialize
 from ftlaunch.run import progress as prog
+from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
 from ftlaunch.run.procs import start_time
-from ftlaunch.run.recovery import ZERO3_OFFLOAD, Budget, Exit, classify, decide
+from ftlaunch.run.recovery import Budget, Exit, classify, decide
 from ftlaunch.run.rollback import HealthWatch
-from ftlaunch.run.store import (
-    FailureKind,
-    RunStatus,
-    append_event,
-    home,
-    read_secrets,
-    read_state,
-    update_state,
-    write_text_atomic,
-)
+from ftlaunch.run.store import FailureKind, RunStatus, append_event, read_secrets, read_state, update_state
 from ftlaunch.run.trainer import find_trainer, redact, trainer_command, trainer_env
 
 STOPPED_EXIT = 130
 
 
 # ---------------------------------------------------------------- output_dir lock
-
-
-def lock_path(env: Mapping[str, str], output_dir: str) -> Path:
-    digest = hashlib.sha256(os.path.abspath(output_dir).encode()).hexdigest()[:16]
-    return home(env) / "locks" / f"{digest}.lock"
-
-
-class OutputDirBusy(BusyError):
-    """The output_dir lock is held; ``holder`` is what its holder wrote (a run id)."""
-
-    def __init__(self, output_dir: str, holder: str):
-        self.holder = holder
-        if holder.startswith(NEW_RUN):  # a `train` between taking the lock and creating its run
-            super().__init__(
-                f"output_dir {output_dir} is in use by {holder}",
-                hint="`ftlaunch runs` shows that run once it has started; or set another output_dir",
-            )
-            return
-        who = holder or "another run"
-        super().__init__(
-            f"output_dir {output_dir} is in use by run {who}",
-            hint=f"wait for it, stop it (`ftlaunch stop {who}`), or set another output_dir",
-        )
-
-
-NEW_RUN = "a new run being started"
-
-
-def acquire_output_lock(env: Mapping[str, str], output_dir: str, run_id: str) -> IO[str]:
-    """Hold an flock for the run's life: the kernel drops it when the holder dies, so no stale lock."""
-    got = try_flock(lock_path(env, output_dir), run_id)
-    if isinstance(got, str):
-        raise OutputDirBusy(output_dir, got)
-    return got
-
-
-def relabel_lock(lock: IO[str], owner: str) -> None:
-    """Write the holder's name into a lock we hold (a new run's id is known only once it exists)."""
-    lock.seek(0)
-    lock.truncate()
-    lock.write(owner)
-    lock.flush()
-
-
-def adopt_lock(fd: int) -> IO[str]:
-    """The output_dir lock handed down by the process that started us (``--lock-fd``).
-
-    flock belongs to the open file, which parent and child now share: re-locking it succeeds only
-    if it is really held by that file, so a stray fd number fails here rather than racing later."""
-    import fcntl
-
-    f = os.fdopen(fd, "a+")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.close()
-        raise BusyError("the output_dir lock handed to the supervisor is not held") from None
-    return f
-
-
-def offload_config_path() -> str:
-    return str(resources.files("ftlaunch").joinpath("data/ds_z3_offload_config.json"))
 
 
 # ---------------------------------------------------------------- the supervisor
@@ -286,11 +215,9 @@ class Supervisor:
             )
             budget = d.budget
             if d.action == "retry":
-                for key, value in d.edits.items():
-                    if value == ZERO3_OFFLOAD:
-                        value = offload_config_path()
-                        extra_env.update({"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "1"})
-                    values[key] = value
+                for key, decided in d.edits.items():
+                    values[key], launch_env = materialize(decided)
+                    extra_env.update(launch_env)
                 self._write_config(values, header)
                 append_event(self.run_dir, "retry", attempt=attempt, message=d.message, edits=d.edits)
                 update_state(

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from ftlaunch.errors import BusyError, ConfigError, FtlaunchError, RunNotFoundError, StateError
+from ftlaunch.files import home, now_iso, write_json_atomic
 from ftlaunch.locks import try_flock
 from ftlaunch.run.options import RunOptions
-from ftlaunch.run.store import home, now_iso, write_json_atomic
 from ftlaunch.run.trainer import SECRET_ENV
 from ftlaunch.schedule.cron import Cron, ScheduleError, next_fire, on_calendar, parse_cron
 from ftlaunch.schedule.crontab import Crontab, CrontabError, add_entry, cron_line, find_crontab, remove_entry
@@ -466,7 +466,7 @@ def add_schedule(
 
     Nothing is written unless every check passed; a failed crontab write takes the record back.
     """
-    from ftlaunch.run.service import make_plan
+    from ftlaunch.run.prepare import make_plan
     from ftlaunch.run.trainer import find_trainer
 
     check_name(spec.name)
@@ -612,9 +612,8 @@ def _run_locked(
     notifier: Callable[[str, Mapping[str, Any], Mapping[str, str]], str | None],
     say: Callable[[str], None],
 ) -> ScheduleRun:
-    from ftlaunch.run.service import create_run, make_plan, run_view
-    from ftlaunch.run.supervisor import Supervisor
-    from ftlaunch.run.trainer import find_trainer
+    from ftlaunch.run.launch import start_run
+    from ftlaunch.run.view import run_view
 
     name = rec["name"]
     started = clock()
@@ -634,29 +633,46 @@ def _run_locked(
         base.mkdir(parents=True, exist_ok=True)
         taken = {p.name for p in base.iterdir()}
         vdir = base / version_name(name, started, taken)
-        loaded, p = make_plan(_plan_request(rec, str(vdir)), env)
-        if str(p.config.get("output_dir")) != str(vdir):
-            raise ConfigError(f"output_dir override did not apply ({p.config.get('output_dir')} != {vdir})")
-        find_trainer(env)
-        run_dir = create_run(
-            loaded, p, env, **run_options_of(rec).supervisor_settings(), extra_state={"schedule": name}
-        )
+        target = vdir
+
+        def check(p: Any) -> None:
+            if str(p.config.get("output_dir")) != str(target):
+                raise ConfigError(f"output_dir override did not apply ({p.config.get('output_dir')} != {target})")
+
+        def created(rd: Path, _plan: Any) -> None:
+            nonlocal run_dir
+            run_dir = rd
+            say(f"schedule {name}: run {rd.name} -> {target}")
+            _record(env, name, {**_entry(summary("running", rd.name, name, 0.0, None, str(target)), started, None)})
+
+        code = start_run(
+            _plan_request(rec, str(vdir)),
+            env,
+            run_options_of(rec).supervisor_settings(),
+            foreground=True,
+            echo=echo,
+            poll=poll,
+            extra_state={"schedule": name},
+            check=check,
+            on_created=created,
+        ).exit_code
     except FtlaunchError as exc:
-        code = int(exc.exit_code)
-        s = summary("failed", None, name, time.monotonic() - t0, None, str(vdir) if vdir else None, message=exc.message)
-        err = _notify(rec, s, env, notifier, None)
-        _record(env, name, {**_entry(s, started, code), "notify_error": err})
-        raise
-    run_id = run_dir.name
-    say(f"schedule {name}: run {run_id} -> {vdir}")
-    _record(env, name, {**_entry(summary("running", run_id, name, 0.0, None, str(vdir)), started, None)})
-    try:
-        code = Supervisor(run_dir, env, echo=echo, poll=poll).run()
-    except FtlaunchError as exc:  # the supervisor recorded it in the run; the schedule records it too
+        if run_dir is None:  # nothing was started: the schedule alone records it
+            code = int(exc.exit_code)
+            s = summary(
+                "failed", None, name, time.monotonic() - t0, None, str(vdir) if vdir else None, message=exc.message
+            )
+            err = _notify(rec, s, env, notifier, None)
+            _record(env, name, {**_entry(s, started, code), "notify_error": err})
+            raise
+        # the supervisor recorded it in the run; the schedule records it too
+        run_id = run_dir.name
         s = summary("failed", run_id, name, time.monotonic() - t0, None, str(vdir), message=exc.message)
         failed = {**_entry(s, started, int(exc.exit_code)), "notify_error": _notify(rec, s, env, notifier, run_dir)}
         update_record(env, name, lambda d: _replace_running(d, run_id, failed))
         raise
+    assert run_dir is not None and vdir is not None
+    run_id = run_dir.name
     view = run_view(run_dir)
     status = view["status"]
     message = str(view.get("message") or status)
@@ -810,8 +826,8 @@ def schedule_view(rec: Mapping[str, Any], now: datetime | None = None) -> dict[s
 
 def list_views(env: Mapping[str, str], now: datetime | None = None) -> list[dict[str, Any]]:
     """Every schedule; a last run still marked running is checked against its run (it may be lost)."""
-    from ftlaunch.run.service import run_view
     from ftlaunch.run.store import runs_root
+    from ftlaunch.run.view import run_view
 
     out = []
     for rec in list_records(env):

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import HardwareError
+from ftlaunch.files import home
 from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.run.options import RunOptions
 from ftlaunch.run.slurm import sbatch as slurm
-from ftlaunch.run.store import append_event, home, update_state
+from ftlaunch.run.store import append_event, update_state
 from ftlaunch.run.trainer import find_trainer
 
 
@@ -48,7 +49,9 @@ def submit_run(
     """Plan, create the run (status queued), write job.sbatch and srun-trainer.sh, sbatch it.
 
     Returns (run_dir, job id, plan). A refused submission leaves the run marked failed, saying why."""
-    from ftlaunch.run.service import Existing, make_plan, new_run
+    from ftlaunch.run.launch import new_run
+    from ftlaunch.run.outdir import Existing
+    from ftlaunch.run.prepare import make_plan
 
     spec, per_node = cluster_gpu_spec(opts.gpu, req.nodes)
     req = replace(req, gpus_per_node=per_node)

@@ -1,0 +1,70 @@
+"""ftlaunch.files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+
+def home(env: Mapping[str, str]) -> Path:
+    """FTLAUNCH_HOME, else the XDG state dir (~/.local/state/ftlaunch)."""
+    if env.get("FTLAUNCH_HOME"):
+        return Path(env["FTLAUNCH_HOME"]).expanduser()
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")) / ".local" / "state")
+    return Path(base).expanduser() / "ftlaunch"
+
+
+def now_iso(t: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if t is None else t, UTC).isoformat(timespec="milliseconds")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that readers see the old or the new file, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def json_safe(obj: Any) -> Any:
+    """Strict JSON for machines: a non-finite float (a NaN loss) becomes the string "nan"/"inf"/"-inf",
+    never a bare NaN token that strict parsers (jq, JSON.parse) reject."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def to_json(obj: Any) -> str:
+    """What every --json and every JSON file of a run prints: indented, strict (see json_safe)."""
+    return json.dumps(json_safe(obj), indent=2, default=str, allow_nan=False)

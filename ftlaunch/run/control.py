@@ -1,0 +1,322 @@
+"""ftlaunch.run.control."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ftlaunch.errors import BusyError, ConfigError, StateError, StateVersionError
+from ftlaunch.files import now_iso, write_json_atomic
+from ftlaunch.plan.config import (
+    dump_yaml,
+    split_secrets,
+)
+from ftlaunch.run import progress as prog
+from ftlaunch.run.launch import supervise
+from ftlaunch.run.procs import Liveness, liveness, terminate_group
+from ftlaunch.run.store import (
+    STATE_VERSION,
+    RunStatus,
+    append_event,
+    find_run,
+    read_state,
+    update_state,
+    write_secrets,
+)
+from ftlaunch.run.trainer import find_trainer
+
+
+def _stop_slurm_job(run_dir: Path, job: str, grace: float) -> str | None:
+    """scancel a Slurm run's job while Slurm holds it: its batch step stops the supervisor, which
+    stops the trainer gracefully. None when the job is over (then stop as any run)."""
+    from ftlaunch.run.slurm import sbatch as slurm
+
+    job_state = slurm.job_state(job, os.environ)
+    if job_state not in slurm.ACTIVE_STATES:
+        return None
+    slurm.cancel(job, os.environ)
+    append_event(run_dir, "scancel", job_id=job, slurm_state=job_state)
+    if job_state in slurm.QUEUED_STATES:
+        update_state(run_dir, status=RunStatus.STOPPED.value, ended=time.time(), message="cancelled while queued")
+        return f"run {run_dir.name}: Slurm job {job} cancelled while {job_state.lower()}"
+    deadline = time.monotonic() + grace + 30
+    while time.monotonic() < deadline:
+        if RunStatus(_state_or_empty(run_dir).get("status", "lost")).is_terminal():
+            return f"run {run_dir.name} stopped (Slurm job {job} cancelled)"
+        time.sleep(0.2)
+    return f"run {run_dir.name}: Slurm job {job} cancelled; its supervisor has not recorded the stop yet"
+
+
+def stop_run(run_dir: Path, grace: float = 30.0, env: Mapping[str, str] | None = None) -> str:
+    """SIGTERM the supervisor (it stops the trainer's group once and records it); clean up if it is gone.
+
+    Liveness decides, and a live supervisor is always the one told: a trainer signalled behind its
+    supervisor's back would count as a crash and be restarted."""
+    state = _wait_while_starting(run_dir, read_state(run_dir), os.environ if env is None else env)
+    if state.get("slurm_job_id"):
+        said = _stop_slurm_job(run_dir, str(state["slurm_job_id"]), grace)
+        if said:
+            return said
+    status = RunStatus(state.get("status", "lost"))
+    pid, started = state.get("pid"), state.get("pid_start")
+    live = liveness(pid, started)
+    if status.is_terminal() and (live is not Liveness.DEAD or state.get("trainer_pid") is None):
+        # A terminal status is the supervisor's last write: nothing of the run is left to stop
+        # (a foreground supervisor's process may live on; it is not ours to signal).
+        return f"run {run_dir.name} already {status.value}"
+    if live is Liveness.UNKNOWN:
+        return f"run {run_dir.name}: cannot tell whether pid {pid} is ours; not touching it"
+    if live is Liveness.ALIVE:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace + 10
+        while liveness(pid, started) is Liveness.ALIVE:
+            if RunStatus(_state_or_empty(run_dir).get("status", "lost")).is_terminal():
+                return f"run {run_dir.name} stopped"
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.1)
+    # The supervisor is gone; its trainer may be an orphan still holding the GPU.
+    if liveness(state.get("trainer_pid"), state.get("trainer_start")) is Liveness.ALIVE:
+        terminate_group(state["trainer_pid"], grace=grace)
+    if not RunStatus(_state_or_empty(run_dir).get("status", "lost")).is_terminal():
+        update_state(run_dir, status=RunStatus.STOPPED.value, ended=time.time(), message="stopped by the user")
+        append_event(run_dir, "stopped", message="supervisor was gone; trainer stopped directly")
+    return f"run {run_dir.name} stopped"
+
+
+def _wait_while_starting(run_dir: Path, state: dict[str, Any], env: Mapping[str, str], wait: float = 60.0) -> dict:
+    """A run whose starter holds its output_dir lock but whose supervisor has not written its pid yet
+    (between `train`/`resume` and "started"): wait for the pid, so the stop reaches the supervisor
+    instead of being recorded and then overwritten by it."""
+    from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock
+
+    deadline = time.monotonic() + wait
+    while state.get("status") == RunStatus.STARTING.value and not state.get("pid") and time.monotonic() < deadline:
+        try:
+            acquire_output_lock(env, str(state.get("output_dir") or ""), "stop").close()
+            return state  # nobody is starting it
+        except OutputDirBusy:
+            time.sleep(0.1)
+            state = _state_or_empty(run_dir) or state
+    return state
+
+
+def _state_or_empty(run_dir: Path) -> dict[str, Any]:
+    try:
+        return read_state(run_dir)
+    except StateError:
+        return {}
+
+
+def resolve_run(env: Mapping[str, str], ref: str | None) -> Path:
+    return find_run(env, ref)
+
+
+def resume_run(
+    run_dir: Path,
+    env: Mapping[str, str],
+    *,
+    foreground: bool = False,
+    overrides: tuple[str, ...] = (),
+    allow_global_batch_change: bool = False,
+) -> tuple[str, int]:
+    """Re-attach if alive; restart from the last complete checkpoint if the run died.
+
+    ``overrides`` (key=value) edit the run's adapted config first; refused while the run is alive.
+    The restart happens under the output_dir lock, taken before any state changes and handed to
+    the new supervisor: of two concurrent resumes one restarts the run, the other exits 7 (or
+    re-attaches) and touches nothing."""
+    from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock
+
+    try:
+        state = read_state(run_dir)
+    except StateVersionError:
+        raise  # another ftlaunch's state: not ours to rebuild over
+    except StateError:
+        state = rebuild_state(run_dir)
+    verdict = _resume_verdict(run_dir, state, overrides)
+    if verdict is not None:
+        return verdict
+    output_dir = str(state.get("output_dir") or "")
+    try:
+        lock = acquire_output_lock(env, output_dir, run_dir.name)
+    except OutputDirBusy as exc:
+        if exc.holder == run_dir.name:
+            raise BusyError(
+                f"run {run_dir.name} is being started by another process right now",
+                hint=f"`ftlaunch status {run_dir.name}` shows it in a moment",
+            ) from None
+        raise
+    try:
+        state = read_state(run_dir)  # again, under the lock: another resume may have come first
+        verdict = _resume_verdict(run_dir, state, overrides)
+        if verdict is not None:
+            return verdict
+        status = RunStatus(state.get("status", "lost"))
+        if liveness(state.get("trainer_pid"), state.get("trainer_start")) is not Liveness.DEAD:
+            terminate_group(state["trainer_pid"], grace=30)  # an orphan from a killed supervisor
+        if overrides:
+            edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
+        out = Path(state.get("output_dir") or "")
+        last = prog.last_complete_checkpoint(out)
+        if overrides and last is not None:
+            _rewrite_checkpoint_lr(run_dir, env, out, last[1].name, overrides)
+        # A run that gave up gets a fresh budget: the user changed something, or wants another go.
+        b = dict(state.get("budget") or {})
+        b.update({"oom_used": 0, "crash_used": 0, "tried": []})
+        update_state(run_dir, status=RunStatus.STARTING.value, budget=b, pid=None, trainer_pid=None)
+        append_event(run_dir, "resumed", previous=status.value, from_checkpoint=last[1].name if last else None)
+    except BaseException:
+        lock.close()
+        raise
+    started = supervise(run_dir, env, lock, foreground=foreground)
+    return ("foreground", started.exit_code) if foreground else ("restarted", started.pid)
+
+
+def _rewrite_checkpoint_lr(
+    run_dir: Path, env: Mapping[str, str], out: Path, checkpoint: str, overrides: tuple[str, ...]
+) -> None:
+    """`resume RUN learning_rate=X`: llamafactory restores the lr from the checkpoint's optimizer.pt
+    and scheduler.pt on resume (a new YAML value is silently ignored), so write it there too; the
+    original checkpoint is kept as rolledback-<name>-<time> (weights hard-linked)."""
+    from ftlaunch.plan.config import parse_overrides
+    from ftlaunch.run import rollback
+
+    lr = parse_overrides(overrides)[0].get("learning_rate")
+    if lr is None:
+        return
+    err = rollback.scale_lr(out, checkpoint, float(lr), rollback.python_of(find_trainer(env)[0]), rollback.now_stamp())
+    append_event(run_dir, "checkpoint_lr_rewritten", checkpoint=checkpoint, learning_rate=float(lr), error=err)
+    if err:
+        raise ConfigError(
+            f"learning_rate={lr} could not be written into {checkpoint} (a resume restores the old lr from it): {err}",
+            hint="resume without the learning_rate override, or start afresh with --fresh",
+        )
+
+
+def _resume_verdict(run_dir: Path, state: dict[str, Any], overrides: tuple[str, ...]) -> tuple[str, int] | None:
+    """("alive", pid) or ("finished", 0) when there is nothing to restart; None to restart."""
+    status = RunStatus(state.get("status", "lost"))
+    live = liveness(state.get("pid"), state.get("pid_start"))
+    # A terminal status is written by the supervisor as its last act: its pid no longer matters
+    # (a foreground run's "supervisor" was the ftlaunch process itself, which may live on).
+    if not status.is_terminal() and live in (Liveness.ALIVE, Liveness.UNKNOWN):
+        if overrides:
+            raise BusyError(
+                f"run {run_dir.name} is alive: its config cannot change under it",
+                hint=f"stop it first (`ftlaunch stop {run_dir.name}`), then resume with the change",
+            )
+        return "alive", int(state.get("pid") or 0)
+    if status is RunStatus.SUCCEEDED:
+        return "finished", 0
+    return None
+
+
+def global_batch_change(
+    config: Mapping[str, Any], values: Mapping[str, Any], world_size: int
+) -> tuple[int, int] | None:
+    """Pure: (before, after) when ``values`` change micro-batch x accumulation x world size."""
+
+    def g(c: Mapping[str, Any]) -> int:
+        return (
+            int(c.get("per_device_train_batch_size") or 1) * int(c.get("gradient_accumulation_steps") or 1) * world_size
+        )
+
+    before, after = g(config), g({**config, **values})
+    return (before, after) if before != after else None
+
+
+def preview_run_edit(run_dir: Path, overrides: tuple[str, ...]) -> list[tuple[str, Any, Any, str]]:
+    """What `resume RUN key=value` would change: (key, before, after, note) rows, the global batch
+    included when it moves. Validates like any config (ConfigError, exit 3)."""
+    import yaml
+
+    from ftlaunch.plan.config import is_secret_key, parse_overrides, validate_keys, validate_values
+
+    values, problems = parse_overrides(overrides)
+    problems += validate_keys(values) + validate_values(values)
+    if problems:
+        raise ConfigError(problems)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    rows = [
+        (k, "***" if is_secret_key(k) else config.get(k), "***" if is_secret_key(k) else v, "")
+        for k, v in values.items()
+    ]
+    world = int(_state_or_empty(run_dir).get("world_size") or 1)
+    if moved := global_batch_change(config, values, world):
+        rows.append(("global batch", moved[0], moved[1], "micro-batch x accumulation x world size"))
+    return rows
+
+
+def edit_run_config(
+    run_dir: Path, overrides: tuple[str, ...], *, allow_global_batch_change: bool = False
+) -> dict[str, Any]:
+    """Apply key=value overrides to a run's adapted config (validated; written atomically).
+
+    A change of the global batch is refused (exit 3) unless allowed: it changes what is trained."""
+    import yaml
+
+    from ftlaunch.files import write_text_atomic
+    from ftlaunch.plan.config import parse_overrides, read_header
+    from ftlaunch.run.store import read_secrets
+
+    rows = preview_run_edit(run_dir, overrides)
+    moved = [r for r in rows if r[0] == "global batch"]
+    if moved and not allow_global_batch_change:
+        _, before, after, _ = moved[0]
+        raise ConfigError(
+            f"these overrides change the global batch from {before} to {after}",
+            hint="pass --allow-global-batch-change to accept that, or keep micro-batch x accumulation at "
+            f"{before} (e.g. set gradient_accumulation_steps too)",
+        )
+    values = parse_overrides(overrides)[0]
+    public, secrets = split_secrets(values)
+    write_secrets(run_dir, {**read_secrets(run_dir), **secrets})
+    text = (run_dir / "config.yaml").read_text()
+    config = yaml.safe_load(text) or {}
+    before = {k: config.get(k) for k in public}
+    config.update(public)
+    write_text_atomic(run_dir / "config.yaml", dump_yaml(config, read_header(text)))
+    append_event(run_dir, "config_edited", before=before, after=public, secrets=sorted(secrets))
+    fields: dict[str, Any] = {}
+    if "per_device_train_batch_size" in values:
+        fields["micro_batch"] = values["per_device_train_batch_size"]
+    if "gradient_accumulation_steps" in values:
+        fields["accumulation"] = values["gradient_accumulation_steps"]
+    if moved:
+        fields["global_batch"] = moved[0][2]
+    if fields:
+        update_state(run_dir, **fields)
+    return config
+
+
+def rebuild_state(run_dir: Path) -> dict[str, Any]:
+    """state.json lost or corrupt: rebuild enough of it from config.yaml to resume."""
+    import yaml
+
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.exists():
+        raise StateError(f"run {run_dir.name}: neither state.json nor config.yaml is readable")
+    values = yaml.safe_load(cfg_path.read_text()) or {}
+    bad = run_dir / "state.json"
+    if bad.exists():
+        bad.rename(run_dir / f"state.json.corrupt-{int(time.time())}")
+    state = {
+        "version": STATE_VERSION,
+        "id": run_dir.name,
+        "name": Path(str(values.get("output_dir", run_dir.name))).name,
+        "status": RunStatus.LOST.value,
+        "attempt": 0,
+        "output_dir": values.get("output_dir"),
+        "run_dir": str(run_dir),
+        "recover": True,
+        "rebuilt": now_iso(),
+    }
+    write_json_atomic(run_dir / "state.json", state)
+    append_event(run_dir, "state_rebuilt")
+    return state

@@ -1,0 +1,262 @@
+"""ftlaunch.run.launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ftlaunch.errors import BusyError, StateError
+from ftlaunch.files import now_iso, to_json, write_json_atomic
+from ftlaunch.plan.config import (
+    LoadedConfig,
+    dump_yaml,
+    redact_secret_text,
+    split_secrets,
+)
+from ftlaunch.plan.memory_store import config_key
+from ftlaunch.plan.planner import Plan
+from ftlaunch.plan.render import plan_text
+from ftlaunch.run.outdir import Existing, claim_output_dir, home_problem
+from ftlaunch.run.prepare import PlanRequest
+from ftlaunch.run.procs import spawn_detached
+from ftlaunch.run.store import (
+    STATE_VERSION,
+    RunStatus,
+    append_event,
+    new_run_id,
+    read_state,
+    runs_root,
+    write_secrets,
+)
+from ftlaunch.run.trainer import find_trainer, public_env
+
+
+def create_run(
+    loaded: LoadedConfig,
+    p: Plan,
+    env: Mapping[str, str],
+    *,
+    name: str | None = None,
+    recover: bool = True,
+    max_retries: int = 4,
+    max_crash_retries: int = 2,
+    trainer_env: Mapping[str, str] | None = None,
+    extra_state: Mapping[str, Any] | None = None,
+    on_diverge: str = "rollback",
+) -> Path:
+    """Write a run directory completely, then make it visible with one rename (no half runs).
+
+    Secret-looking keys (hub_token, *_token, *api_key*) go to a 0600 secrets.json only: config.yaml,
+    plan.json, plan.txt, source.yaml and state.json never hold them in clear."""
+    root = runs_root(env)
+    home_problem(env)
+    root.mkdir(parents=True, exist_ok=True)
+    run_id = new_run_id()
+    public, secrets = split_secrets(p.config)
+    p = Plan(**{**p.__dict__, "config": public})
+    tmp = root / f".{run_id}.tmp"
+    tmp.mkdir()
+    try:
+        from ftlaunch.hub.datasets import INFO_FILE, bind_run_dir
+
+        # Pre-downloaded hub datasets: the run's own dataset_info.json, named by its final path.
+        p, dataset_info = bind_run_dir(p, root / run_id)
+        if dataset_info is not None:
+            (tmp / INFO_FILE).write_text(json.dumps(dataset_info, indent=2, ensure_ascii=False) + "\n")
+        source_secrets = split_secrets(loaded.values)[1]
+        (tmp / "source.yaml").write_bytes(
+            redact_secret_text(loaded.source_path.read_bytes().decode(errors="replace"), source_secrets).encode()
+        )
+        write_secrets(tmp, secrets)
+        (tmp / "config.yaml").write_text(dump_yaml(p.config, p.header))
+        (tmp / "plan.txt").write_text(plan_text(p))
+        plan_dict = p.to_dict()
+        plan_dict["env"] = public_env(p.env)
+        (tmp / "plan.json").write_text(to_json(plan_dict))
+        (tmp / "hardware.json").write_text(to_json(p.hardware.to_dict()))
+        (tmp / "train.log").touch()
+        output_dir = str(p.config.get("output_dir", ""))
+        state = {
+            "version": STATE_VERSION,
+            "id": run_id,
+            "name": name or Path(output_dir).name or run_id,
+            "status": RunStatus.STARTING.value,
+            "created": now_iso(),
+            "attempt": 0,
+            "source_config": str(loaded.source_path),
+            "overrides": [redact_secret_text(o, secrets) for o in loaded.overrides],
+            "base_dir": str(loaded.base_dir),
+            "output_dir": output_dir,
+            "run_dir": str(root / run_id),
+            "gpu_model": p.hardware.gpu_model,
+            "gpu_count": p.hardware.gpu_count,
+            "world_size": p.world_size,
+            "global_batch": p.global_batch_target,
+            "micro_batch": p.micro_batch,
+            "accumulation": p.accumulation,
+            "recover": recover,
+            "on_diverge": on_diverge,  # numeric health policy (ftlaunch.run.health)
+            "budget": {"oom_max": max_retries, "crash_max": max_crash_retries, "oom_used": 0, "crash_used": 0},
+            "trainer_env": dict(public_env({**p.env, **(trainer_env or {})})),
+            "memory_key": config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target),
+            "predicted_peak_gib": (p.memory or {}).get("peak_gib") if p.hardware.gpus else None,
+            **dict(extra_state or {}),
+        }
+        write_json_atomic(tmp / "state.json", state)
+        (tmp / "events.jsonl").write_text("")
+        os.replace(tmp, root / run_id)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    run_dir = root / run_id
+    append_event(run_dir, "created", name=state["name"], changes=len(p.changes))
+    return run_dir
+
+
+def new_run(
+    loaded: LoadedConfig, p: Plan, env: Mapping[str, str], *, existing: Existing = Existing.REFUSE, **settings: Any
+) -> tuple[Path, IO[str]]:
+    """`train`: claim the output_dir, then create the run. The lock returned is held: pass it on to
+    `start_detached` or `Supervisor(lock=...)`, so no second run can start in between."""
+    from ftlaunch.run.outdir import relabel_lock
+
+    lock, record = claim_output_dir(env, loaded, p, existing)
+    try:
+        extra = {**dict(settings.pop("extra_state", None) or {}), **record}
+        run_dir = create_run(loaded, p, env, extra_state=extra, **settings)
+        relabel_lock(lock, run_dir.name)
+        if record:
+            append_event(run_dir, "output_dir_claimed", **record)
+    except BaseException:
+        lock.close()
+        raise
+    return run_dir, lock
+
+
+def supervisor_command(run_dir: Path, lock_fd: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "ftlaunch.run.supervisor", str(run_dir)]
+    return cmd if lock_fd is None else [*cmd, "--lock-fd", str(lock_fd)]
+
+
+def start_detached(run_dir: Path, env: Mapping[str, str], wait: float = 60.0, lock: IO[str] | None = None) -> int:
+    """Spawn the supervisor in a new session; return its pid once it has taken over the run.
+
+    ``lock``: the output_dir lock this process holds; the supervisor inherits it (same open file,
+    so the lock never lapses) and this process lets go of its copy. Without it, a supervisor that
+    finds the output_dir busy exits 7, and so does this call."""
+    try:
+        find_trainer(env)  # fail now, in the user's shell, rather than in the background
+        fd = lock.fileno() if lock is not None else None
+        proc = spawn_detached(
+            supervisor_command(run_dir, fd), env, run_dir / "supervisor.log", cwd=run_dir, pass_fds=(fd,) if fd else ()
+        )
+    finally:
+        if lock is not None:
+            lock.close()
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            st = read_state(run_dir)
+        except StateError:
+            st = {}
+        if st.get("pid") == proc.pid:
+            break
+        if proc.poll() is not None:
+            if proc.returncode == 0:
+                break  # already done (a finished run)
+            tail = (run_dir / "supervisor.log").read_text(errors="replace").strip().splitlines()[-1:]
+            why = tail[0] if tail else f"exit {proc.returncode}"
+            if proc.returncode == int(BusyError.exit_code):
+                raise BusyError(why.removeprefix("ftlaunch supervisor: "))
+            raise StateError(f"the supervisor of run {run_dir.name} did not start: {why}")
+        time.sleep(0.05)
+    return proc.pid
+
+
+# ---------------------------------------------------------------- the one launch use case
+
+
+@dataclass(frozen=True)
+class Started:
+    """A run handed to its supervisor: detached (``pid``) or run to its end here (``exit_code``)."""
+
+    run_dir: Path
+    pid: int | None = None
+    exit_code: int | None = None
+
+
+def supervise(
+    run_dir: Path,
+    env: Mapping[str, str],
+    lock: IO[str] | None,
+    *,
+    foreground: bool = False,
+    echo: bool = True,
+    poll: float | None = None,
+) -> Started:
+    """Hand a created (or restarted) run, and the output_dir lock held for it, to its supervisor:
+    here until the run ends (``foreground``), else detached in a new session."""
+    if foreground:
+        from ftlaunch.run.supervisor import Supervisor
+
+        kw = {} if poll is None else {"poll": poll}
+        return Started(run_dir, exit_code=Supervisor(run_dir, env, echo=echo, lock=lock, **kw).run())
+    return Started(run_dir, pid=start_detached(run_dir, env, lock=lock))
+
+
+def simulate_if_tight(p: Plan, simulate: bool | None, model_config: str | None, say: Callable[[str], None]) -> Plan:
+    """A tight plan is checked on fake tensors before it runs (unless ``simulate`` is False)."""
+    from ftlaunch.plan.memplan import simulate_plan, simulation_line, simulation_wanted, with_simulation
+
+    if not simulation_wanted(p, simulate):
+        return p
+    verdict = (p.memory or {}).get("verdict")
+    say(f"plan is {verdict}: simulating two optimizer steps on fake tensors first (--no-simulate skips)")
+    sim = simulate_plan(p, model_config)
+    say(simulation_line(sim))
+    return with_simulation(p, sim)
+
+
+def start_run(
+    request: PlanRequest,
+    env: Mapping[str, str],
+    settings: Mapping[str, Any],
+    *,
+    existing: Existing = Existing.REFUSE,
+    simulate: bool | None = None,
+    foreground: bool = False,
+    echo: bool = True,
+    poll: float | None = None,
+    extra_state: Mapping[str, Any] | None = None,
+    check: Callable[[Plan], None] | None = None,
+    on_created: Callable[[Path, Plan], None] | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> Started:
+    """`train` and `schedule run`: plan the config for this machine, claim its output_dir, create the
+    run, then supervise it (detached or here).
+
+    ``settings``: `RunOptions.supervisor_settings()`; ``check(plan)`` may refuse a plan before anything
+    is written; ``on_created(run_dir, plan)`` runs once the run exists, before it starts."""
+    from ftlaunch.run.prepare import make_plan
+
+    loaded, p = make_plan(request, env)
+    if check is not None:
+        check(p)
+    find_trainer(env)  # fail now, in the user's shell, rather than in the background
+    p = simulate_if_tight(p, simulate, request.model_config, say)
+    # Holds the output_dir's lock from here on, handed to the supervisor: exit 7 if it is taken.
+    run_dir, lock = new_run(loaded, p, env, existing=existing, extra_state=extra_state, **settings)
+    try:
+        if on_created is not None:
+            on_created(run_dir, p)
+    except BaseException:
+        lock.close()
+        raise
+    return supervise(run_dir, env, lock, foreground=foreground, echo=echo, poll=poll)

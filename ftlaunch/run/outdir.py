@@ -1,0 +1,190 @@
+"""ftlaunch.run.outdir."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, Any
+
+from ftlaunch.errors import BusyError, ConfigError, StateError
+from ftlaunch.files import home
+from ftlaunch.locks import try_flock
+from ftlaunch.plan.config import (
+    LoadedConfig,
+)
+from ftlaunch.plan.memory_store import config_key
+from ftlaunch.plan.planner import Plan
+from ftlaunch.run import progress as prog
+from ftlaunch.run.store import (
+    RunStatus,
+    read_state,
+    runs_root,
+)
+
+
+class Existing(StrEnum):
+    """What `train` may do with checkpoints it finds in the output_dir."""
+
+    REFUSE = "refuse"  # default: only an unfinished ftlaunch run of this config may be continued
+    RESUME = "resume"  # --resume-existing: continue them, recorded as such
+    FRESH = "fresh"  # --fresh: move the old content aside into <output_dir>.old-<UTC>
+
+
+def output_dir_verdict(
+    output_dir: str, checkpoints: list[str], owners: list[dict[str, Any]], key: str, mode: Existing
+) -> tuple[str, str]:
+    """Pure: what a new run does with an output_dir: ("use" | "continue" | "adopt" | "fresh", why).
+
+    ``owners``: the states of earlier ftlaunch runs into this output_dir, latest last. Raises
+    BusyError (exit 7) for checkpoints that no unfinished ftlaunch run of this config left: the
+    trainer would resume them (overwrite_output_dir is off so ftlaunch's restarts resume), and a
+    fresh run would silently train nothing, or on top of another run."""
+    if mode is Existing.FRESH:
+        return "fresh", "--fresh: the old content is moved aside"
+    if not checkpoints:
+        return "use", "no checkpoints there"
+    if mode is Existing.RESUME:
+        return "adopt", f"--resume-existing: continuing {checkpoints[-1]}"
+    mine = owners[-1] if owners else None
+    if mine and mine.get("memory_key") == key and mine.get("status") != RunStatus.SUCCEEDED.value:
+        return "continue", f"continuing run {mine.get('id')} of this config from {checkpoints[-1]}"
+    if mine and mine.get("memory_key") == key:
+        why = f"run {mine.get('id')} of this config already succeeded there"
+    elif mine:
+        why = f"run {mine.get('id')} of another config left them"
+    else:
+        why = "no ftlaunch run left them"
+    raise BusyError(
+        f"output_dir {output_dir} holds {', '.join(checkpoints[-3:])}"
+        f"{' ...' if len(checkpoints) > 3 else ''}: {why}; the trainer would resume from them",
+        hint="pass --resume-existing to continue those checkpoints, --fresh to move them aside into "
+        f"{output_dir}.old-<UTC time> (nothing is deleted), or set another output_dir",
+    )
+
+
+def home_problem(env: Mapping[str, str]) -> None:
+    """FTLAUNCH_HOME must be a directory this user can write (exit 12, like `schedule add`)."""
+    root = runs_root(env)
+    if problem := not_writable(root):
+        raise StateError(f"FTLAUNCH_HOME: {problem}", hint="set FTLAUNCH_HOME to a writable directory")
+
+
+def not_writable(path: Path) -> str | None:
+    """Why files cannot be created in ``path`` (made if missing), or None. A real probe: os.access
+    says yes to root on a read-only mount."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        return f"{path} is not writable ({exc.strerror or exc})"
+    return None
+
+
+def claim_output_dir(
+    env: Mapping[str, str], loaded: LoadedConfig, p: Plan, existing: Existing = Existing.REFUSE
+) -> tuple[IO[str], dict[str, Any]]:
+    """Before a new run exists: check FTLAUNCH_HOME and the output_dir, take the output_dir's lock
+    (exit 7 when a live run holds it) and decide about old checkpoints under it.
+
+    Returns the held lock (hand it to `start_detached` or the Supervisor) and the state fields that
+    record what was found."""
+    from ftlaunch.run.store import list_runs
+
+    home_problem(env)
+    output_dir = str(p.config.get("output_dir") or "")
+    if not output_dir:
+        raise ConfigError("key 'output_dir' is missing: the run needs a directory for its checkpoints")
+    if problem := not_writable(Path(output_dir)):
+        raise ConfigError(f"output_dir {problem}", hint="choose a directory you can write")
+    lock = acquire_output_lock(env, output_dir, f"{NEW_RUN} (pid {os.getpid()})")
+    try:
+        out = Path(output_dir)
+        checkpoints = [path.name for _, path in prog.checkpoint_dirs(out)]
+        owners = []
+        for run_dir in list_runs(env):
+            try:
+                st = read_state(run_dir)
+            except StateError:
+                continue
+            if st.get("output_dir") and os.path.abspath(st["output_dir"]) == os.path.abspath(output_dir):
+                owners.append(st)
+        owners.sort(key=lambda st: str(st.get("created") or ""))  # ids of one second sort at random
+        key = config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target)
+        verdict, why = output_dir_verdict(output_dir, checkpoints, owners, key, existing)
+        record: dict[str, Any] = {}
+        if verdict == "fresh" and out.is_dir() and any(out.iterdir()):
+            aside = Path(f"{output_dir}.old-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+            out.rename(aside)
+            out.mkdir()
+            record = {"output_dir_moved_to": str(aside)}
+        elif verdict in ("adopt", "continue"):
+            record = {"adopted_checkpoint": checkpoints[-1], "adopted_because": why}
+        return lock, record
+    except BaseException:
+        lock.close()
+        raise
+
+
+def lock_path(env: Mapping[str, str], output_dir: str) -> Path:
+    digest = hashlib.sha256(os.path.abspath(output_dir).encode()).hexdigest()[:16]
+    return home(env) / "locks" / f"{digest}.lock"
+
+
+class OutputDirBusy(BusyError):
+    """The output_dir lock is held; ``holder`` is what its holder wrote (a run id)."""
+
+    def __init__(self, output_dir: str, holder: str):
+        self.holder = holder
+        if holder.startswith(NEW_RUN):  # a `train` between taking the lock and creating its run
+            super().__init__(
+                f"output_dir {output_dir} is in use by {holder}",
+                hint="`ftlaunch runs` shows that run once it has started; or set another output_dir",
+            )
+            return
+        who = holder or "another run"
+        super().__init__(
+            f"output_dir {output_dir} is in use by run {who}",
+            hint=f"wait for it, stop it (`ftlaunch stop {who}`), or set another output_dir",
+        )
+
+
+NEW_RUN = "a new run being started"
+
+
+def acquire_output_lock(env: Mapping[str, str], output_dir: str, run_id: str) -> IO[str]:
+    """Hold an flock for the run's life: the kernel drops it when the holder dies, so no stale lock."""
+    got = try_flock(lock_path(env, output_dir), run_id)
+    if isinstance(got, str):
+        raise OutputDirBusy(output_dir, got)
+    return got
+
+
+def relabel_lock(lock: IO[str], owner: str) -> None:
+    """Write the holder's name into a lock we hold (a new run's id is known only once it exists)."""
+    lock.seek(0)
+    lock.truncate()
+    lock.write(owner)
+    lock.flush()
+
+
+def adopt_lock(fd: int) -> IO[str]:
+    """The output_dir lock handed down by the process that started us (``--lock-fd``).
+
+    flock belongs to the open file, which parent and child now share: re-locking it succeeds only
+    if it is really held by that file, so a stray fd number fails here rather than racing later."""
+    import fcntl
+
+    f = os.fdopen(fd, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise BusyError("the output_dir lock handed to the supervisor is not held") from None
+    return f

@@ -1,0 +1,145 @@
+"""ftlaunch.run.prepare."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ftlaunch.errors import ConfigError, HardwareError
+from ftlaunch.hub.model import Prefetch, is_hub_id, prefetch_model
+from ftlaunch.plan.config import (
+    PATH_KEYS,
+    LoadedConfig,
+    load_config,
+    load_deepspeed,
+    resolve_paths,
+)
+from ftlaunch.plan.hardware import Hardware, catalog_hardware, load_hardware_file, probe
+from ftlaunch.plan.memory_store import config_key, recall
+from ftlaunch.plan.planner import Plan, PlanOptions, plan
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    config: str
+    overrides: tuple[str, ...] = ()
+    gpu: str | None = None
+    hardware_file: str | None = None
+    source_gpus: int | None = None
+    global_batch: int | None = None
+    headroom: float = 0.12
+    params: str | None = None
+    model_config: str | None = None
+    host_ram_gib: float | None = None  # host RAM to plan offload with; default: the probed machine's
+    strict_files: bool = False  # train: a missing dataset is an error, plan: a warning
+    mirror: str | None = None  # download from the hub first: None = no, "auto" or a name/URL
+    download_weights: bool = False  # train: the whole snapshot; plan: config.json only
+    cwd: str | None = None
+
+
+def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path = ".") -> Hardware:
+    if req.gpu and req.hardware_file:
+        raise HardwareError("--gpu and --hardware both given", hint="use one of them")
+    if req.gpu:
+        # A what-if for another machine never counts this machine's RAM (memplan.host_ram_for assumes).
+        return catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib)
+    if req.hardware_file:
+        try:
+            hw = load_hardware_file(req.hardware_file)
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:  # valid JSON of the wrong shape
+            raise HardwareError(
+                f"hardware file {req.hardware_file} does not describe a machine ({type(exc).__name__}: {exc})",
+                hint="write it with `ftlaunch env --json > hw.json`",
+            ) from None
+    else:
+        hw = probe(env, disk_path=disk_path)
+    if req.host_ram_gib:
+        hw = replace(hw, host_ram_gib=req.host_ram_gib, host_available_gib=req.host_ram_gib)
+    return hw
+
+
+def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, Plan]:
+    loaded = load_config(req.config, req.overrides, cwd=req.cwd)
+    values, problems, warnings = resolve_paths(loaded.values, loaded.base_dir, strict=req.strict_files)
+    ds = None
+    if not problems:
+        try:
+            ds = load_deepspeed(values)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    fetched: Prefetch | None = None
+    hub_id = values.get("model_name_or_path")
+    if req.mirror and is_hub_id(hub_id):
+        fetched = prefetch_model(
+            str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=sys.stderr.isatty()
+        )
+    datasets = None
+    if req.mirror and req.download_weights:  # train: hub datasets too, so the offline trainer finds them
+        from ftlaunch.hub.datasets import prefetch_datasets
+
+        datasets = prefetch_datasets(values, req.mirror, env, cwd=loaded.base_dir, progress=sys.stderr.isatty())
+    hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
+    g_source = req.global_batch
+    from ftlaunch.plan.memplan import make_memory_chooser, model_spec_for
+
+    model_config = req.model_config
+    if fetched is not None and model_config is None and (Path(fetched.path) / "config.json").exists():
+        model_config = str(Path(fetched.path) / "config.json")
+    spec, spec_note = model_spec_for(values, req.params, model_config)
+    if spec_note:
+        warnings.append(spec_note)
+    chooser = make_memory_chooser(spec, ds, headroom=req.headroom) if spec is not None else None
+    options = PlanOptions(source_gpus=req.source_gpus, global_batch=g_source, headroom=req.headroom)
+    p = plan(values, hw, options, meta=loaded.meta, memory_chooser=chooser)
+    # What worked on this card before (learned from a recovered run) wins over the first guess.
+    key = config_key(loaded.values, hw.gpu_model, p.global_batch_target)
+    learned = recall(env, key)
+    if chooser is not None and learned and learned.get("observed"):
+        # A run of this config on this card used more than predicted: plan with the correction.
+        chooser = make_memory_chooser(spec, ds, headroom=req.headroom, observed=learned["observed"])
+        p = plan(values, hw, options, meta=loaded.meta, memory_chooser=chooser)
+    if learned and learned.get("micro_batch") and learned["micro_batch"] != p.micro_batch:
+        options = PlanOptions(
+            source_gpus=req.source_gpus,
+            global_batch=g_source,
+            headroom=req.headroom,
+            remembered_micro_batch=int(learned["micro_batch"]),
+            remembered_reason=f"micro-batch {learned['micro_batch']} worked on {hw.gpu_model} "
+            f"after an OOM ({learned.get('learned_from')})",
+        )
+        p = plan(values, hw, options, meta=loaded.meta, memory_chooser=None)
+    resolved = [k for k in PATH_KEYS if k in values and loaded.values.get(k) != values.get(k)]
+    if resolved:
+        p = Plan(**{**p.__dict__, "extra": {**dict(p.extra), "resolved_paths": resolved}})
+    if fetched is not None:
+        p = with_prefetch(p, fetched, weights=req.download_weights)
+    if datasets is not None:
+        from ftlaunch.hub.datasets import with_datasets
+
+        p = with_datasets(p, datasets)
+    if warnings:
+        p = Plan(**{**p.__dict__, "warnings": tuple(warnings) + p.warnings})
+    return loaded, p
+
+
+def with_prefetch(p: Plan, fetched: Prefetch, *, weights: bool) -> Plan:
+    """Point the trainer at the local snapshot and keep it off the network (train only)."""
+    extra = {"hub": fetched.to_dict()}
+    if not weights:
+        return Plan(**{**p.__dict__, "extra": {**dict(p.extra), **extra}})
+    from ftlaunch.plan.change import Change
+
+    config = dict(p.config)
+    old = config.get("model_name_or_path")
+    config["model_name_or_path"] = fetched.path
+    why = (
+        f"pre-downloaded from {fetched.endpoint or 'ModelScope'} ({fetched.endpoint_reason}); "
+        "the trainer then runs with HF_HUB_OFFLINE=1"
+    )
+    changes = (*p.changes, Change("model_name_or_path", old, fetched.path, why))
+    env = {**p.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return Plan(**{**p.__dict__, "config": config, "changes": changes, "env": env, "extra": {**dict(p.extra), **extra}})
