@@ -1,1 +1,8 @@
-"""ftlaunch.estimate."""
+"""ftlaunch.estimate: what a fine-tune will cost before it runs (floor 4).
+
+Owns token counting (probe, count_child: llamafactory's own preprocessing in a child process),
+lengths and padding (padding), throughput from a probe or from peak FLOP/s (throughput), the
+estimate itself (core: steps, time, GPU-hours, levers) and machine comparisons (compare).
+
+May import: the ground, ftlaunch.plan, ftlaunch.hub and ftlaunch.run. Never schedule/ or cli/.
+"""

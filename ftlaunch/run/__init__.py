@@ -1,1 +1,11 @@
-"""ftlaunch.run."""
+"""ftlaunch.run: one run's life (floor 3): prepare, create, supervise, recover, observe, stop, resume.
+
+Owns the run store (store: one directory per run, versioned state, events), preparing a plan for a
+run (prepare), claiming the output_dir (outdir), the one launch use case (launch.start_run, used by
+`train` and `schedule run`; launch.supervise, used by `resume` too), the supervisor and its
+decisions (supervisor, recovery, health, rollback), reading what the trainer writes (progress),
+run accounting (accounting: attempts, rates, GPU-hours), the status view (view), stop/resume/edit
+(control), processes (procs), the trainer's command line (trainer) and Slurm (slurm/).
+
+May import: the ground, ftlaunch.plan and ftlaunch.hub. Never estimate/, schedule/ or cli/.
+"""
