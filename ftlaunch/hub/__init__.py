@@ -27,8 +27,9 @@ What this adds on top of ``huggingface_hub.snapshot_download`` (read against hug
 
 Modules: endpoints (choice of hub or mirror), download (the use case), client (resumable HTTP), errors
 (classification, messages), cache (locks, partial files), verify, results, modelscope. The package (floor 2)
-imports nothing of ftlaunch but the ground and ftlaunch.plan (for the Plan it adapts to hub datasets). Importing it is cheap: huggingface_hub, httpx and tenacity are
-imported inside the functions.
+imports nothing of ftlaunch but the ground and ftlaunch.plan (for the Plan it adapts to hub
+datasets). Importing it is cheap: huggingface_hub, httpx and tenacity are imported inside the
+functions.
 Tokens are passed through to huggingface_hub and never appear in results, messages or logs.
 """
 
