@@ -27,9 +27,11 @@ from click.testing import CliRunner
 from ftlaunch.cli.main import main
 from ftlaunch.cli.schedule import schedule_group
 from ftlaunch.run.options import RunOptions
-from ftlaunch.schedule import core as sch
 from ftlaunch.schedule.cron import ScheduleError, next_fire, on_calendar, parse_cron
 from ftlaunch.schedule.crontab import add_entry, entries, remove_entry
+from ftlaunch.schedule.manage import ScheduleSpec, add_schedule
+from ftlaunch.schedule.runner import run_schedule
+from ftlaunch.schedule.versions import choose_prune, version_name
 
 from .conftest import ROOT, tiny_config, write_yaml
 
@@ -249,8 +251,8 @@ def test_crontab_text_add_remove_is_byte_identical():
 
 def test_version_names_and_prune_choice():
     t = datetime(2026, 3, 1, 2, 0, 5, tzinfo=UTC)
-    assert sch.version_name("nightly", t) == "nightly-20260301T020005Z"
-    assert sch.version_name("nightly", t, {"nightly-20260301T020005Z"}) == "nightly-20260301T020005Z-2"
+    assert version_name("nightly", t) == "nightly-20260301T020005Z"
+    assert version_name("nightly", t, {"nightly-20260301T020005Z"}) == "nightly-20260301T020005Z-2"
     h = [
         {"status": "succeeded", "output_dir": "/o/a"},
         {"status": "failed", "output_dir": "/o/b"},
@@ -260,10 +262,10 @@ def test_version_names_and_prune_choice():
         {"status": "succeeded", "output_dir": "/o/e"},
         {"status": "succeeded", "output_dir": "/o/f"},
     ]
-    assert sch.choose_prune(h, 2, "/o/f") == ["/o/a", "/o/c"]
-    assert sch.choose_prune(h, 1, "/o/c") == ["/o/a", "/o/e"]  # never the latest, wherever it points
-    assert sch.choose_prune(h, None, "/o/f") == []
-    assert sch.choose_prune(h, 10, "/o/f") == []
+    assert choose_prune(h, 2, "/o/f") == ["/o/a", "/o/c"]
+    assert choose_prune(h, 1, "/o/c") == ["/o/a", "/o/e"]  # never the latest, wherever it points
+    assert choose_prune(h, None, "/o/f") == []
+    assert choose_prune(h, 10, "/o/f") == []
 
 
 # ---------------------------------------------------------------- add / remove through the CLI
@@ -403,13 +405,13 @@ def test_versions_latest_and_pruning(project, fake_trainer, tmp_path, isolated_h
         {"ok": True},
     )
     env = dict(os.environ)
-    spec = sch.ScheduleSpec("nightly", str(project), "0 2 * * *", keep=2, run=RunOptions(gpu="A10G"), cwd=str(tmp_path))
-    sch.add_schedule(spec, env, install=False)
+    spec = ScheduleSpec("nightly", str(project), "0 2 * * *", keep=2, run=RunOptions(gpu="A10G"), cwd=str(tmp_path))
+    add_schedule(spec, env, install=False)
     clock = clock_from(datetime(2026, 3, 1, 2, 0, tzinfo=UTC))
     out = tmp_path / "out"
     results = []
     for i in range(5):
-        results.append(sch.run_schedule("nightly", env, poll=0.05, clock=lambda: next(clock)))
+        results.append(run_schedule("nightly", env, poll=0.05, clock=lambda: next(clock)))
         if i == 2:  # the failure leaves latest where it was and keeps its own dir
             assert os.readlink(out / "latest") == "nightly-20260302T020000Z"
     assert [r.status for r in results] == ["succeeded", "succeeded", "failed", "succeeded", "succeeded"]
@@ -435,8 +437,8 @@ def test_a_supervisor_that_refuses_is_recorded_and_notified(project, fake_traine
     from ftlaunch.run.outdir import acquire_output_lock
 
     env = dict(os.environ)
-    sch.add_schedule(
-        sch.ScheduleSpec("nightly", str(project), "@daily", run=RunOptions(gpu="A10G"), notify="true"),
+    add_schedule(
+        ScheduleSpec("nightly", str(project), "@daily", run=RunOptions(gpu="A10G"), notify="true"),
         env,
         install=False,
     )
@@ -445,7 +447,7 @@ def test_a_supervisor_that_refuses_is_recorded_and_notified(project, fake_traine
     sent = []
     try:
         with pytest.raises(BusyError):
-            sch.run_schedule("nightly", env, clock=lambda: when, notifier=lambda t, s, e: sent.append(s))
+            run_schedule("nightly", env, clock=lambda: when, notifier=lambda t, s, e: sent.append(s))
     finally:
         held.close()
     last = record(isolated_home, "nightly")["last"]

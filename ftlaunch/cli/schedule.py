@@ -1,4 +1,4 @@
-"""`ftlaunch schedule ...`: the click edge of ``ftlaunch.schedule.core``. Parse, call, render; no decisions.
+"""`ftlaunch schedule ...`: the click edge of ``ftlaunch.schedule``. Parse, call, render; no decisions.
 
 Errors are FtlaunchError subclasses; the top-level group (``ftlaunch.cli.main``) maps them to exit codes.
 """
@@ -85,7 +85,7 @@ def add(
       ftlaunch schedule add monthly cfg.yaml --cron "0 3 1 * *" --gpu A100-80GB --print   # install it yourself
     """
     from ftlaunch.run.options import RunOptions
-    from ftlaunch.schedule.core import ScheduleSpec, add_schedule
+    from ftlaunch.schedule.manage import ScheduleSpec, add_schedule
 
     spec = ScheduleSpec(
         name=name,
@@ -128,7 +128,7 @@ def list_cmd(as_json: bool) -> None:
       ftlaunch schedule list
       ftlaunch schedule list --json
     """
-    from ftlaunch.schedule.core import list_views
+    from ftlaunch.schedule.views import list_views
 
     rows = list_views(env_now())
     if as_json:
@@ -159,7 +159,7 @@ def remove(name: str) -> None:
     Example:
       ftlaunch schedule remove nightly
     """
-    from ftlaunch.schedule.core import remove_schedule
+    from ftlaunch.schedule.manage import remove_schedule
 
     r = remove_schedule(name, env_now())
     what = "its crontab line removed" if r.entries_removed else "no crontab line was installed"
@@ -178,7 +178,7 @@ def run(name: str) -> None:
     Example:
       ftlaunch schedule run nightly
     """
-    from ftlaunch.schedule.core import run_schedule
+    from ftlaunch.schedule.runner import run_schedule
 
     def say(text: str) -> None:
         err_console.print(text, highlight=False, markup=False)
