@@ -1,6 +1,6 @@
-"""Calibrate the memory formulas against the simulator (ftlaunch/plan/simulate.py) at full depth.
+"""Calibrate the memory formulas against the simulator (ftlaunch/plan/memory/simulate.py) at full depth.
 
-Runs each configuration below through ``python -m ftlaunch.plan.simulate`` (fake tensors, real
+Runs each configuration below through ``python -m ftlaunch.plan.memory.simulate`` (fake tensors, real
 transformers model code, real autograd and optimizer; one at a time, ~1.5-3 min each on 2 cores),
 stores the simulated tensor peaks in tests/data/memory_calibration.json (kept between runs: a
 configuration already measured is not simulated again) and writes the table, with each row's error,
@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ftlaunch.plan.memory.model import TrainSetup, estimate  # noqa: E402
+from ftlaunch.plan.memory.peak import estimate  # noqa: E402
+from ftlaunch.plan.memory.setup import TrainSetup  # noqa: E402
 from ftlaunch.plan.modelspec import spec_from_config  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "memory_calibration.json"
@@ -142,7 +143,7 @@ def load() -> dict:
 
 def save(data: dict) -> None:
     data["about"] = (
-        "Simulated tensor peaks (GiB) from scripts/calibrate_memory.py: ftlaunch.plan.simulate, full depth, two "
+        "Simulated tensor peaks (GiB) from scripts/calibrate_memory.py: ftlaunch.plan.memory.simulate, full depth, two "
         "optimizer steps, fake cpu device with autocast; torch/transformers/peft versions per row."
     )
     tmp = DATA.with_suffix(".tmp")
@@ -220,7 +221,7 @@ def versions() -> dict:
 
 
 def main() -> None:
-    from ftlaunch.plan.simulate import run_child
+    from ftlaunch.plan.memory.simulate import run_child
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only-docs", action="store_true", help="re-render the docs table from the stored figures")

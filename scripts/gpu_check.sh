@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of ftlaunch.plan.memory.model: a few real `llamafactory-cli train` runs (3 steps each) with
+# GPU check of the memory model (ftlaunch.plan.memory): a few real `llamafactory-cli train` runs (3 steps each) with
 # RECORD_VRAM=1, predicted vs measured peak memory, written to docs/gpu-check.md (and $OUT if set).
 # Needs a CUDA GPU and a python with llamafactory (PYTHON=..., else .venv/bin/python, else python3).
 # Nothing is downloaded: the models are made locally (see scripts/gpu_check.py).

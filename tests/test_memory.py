@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch.plan.memory.model import (
-    GIB,
-    TrainSetup,
-    choose_micro_batch,
+from ftlaunch.plan.memory.activations import korthikanti_layer_bytes
+from ftlaunch.plan.memory.choose import choose_micro_batch
+from ftlaunch.plan.memory.peak import GIB, estimate
+from ftlaunch.plan.memory.setup import TrainSetup, setup_from_config
+from ftlaunch.plan.memory.states import (
     deepspeed_zero2_gpu_bytes,
     deepspeed_zero3_gpu_bytes,
-    estimate,
-    korthikanti_layer_bytes,
     largest_module_params,
-    setup_from_config,
     trainable_params,
 )
 from ftlaunch.plan.modelspec import ModelSpec, embedding_params, spec_from_config, spec_from_param_count

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch.plan.memory.model import TrainSetup, estimate
+from ftlaunch.plan.memory.peak import estimate
+from ftlaunch.plan.memory.setup import TrainSetup
 from ftlaunch.plan.modelspec import spec_from_config
 
 DATA = Path(__file__).resolve().parent / "data" / "memory_calibration.json"

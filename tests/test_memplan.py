@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from ftlaunch.cli.main import main
 from ftlaunch.errors import DoesNotFitError
 from ftlaunch.plan.hardware import Gpu, Hardware, catalog_hardware
-from ftlaunch.plan.memory.model import (
+from ftlaunch.plan.memory.adapt import ASSUMED_HOST_RAM_PER_GPU_GIB, host_ram_for, make_memory_chooser
+from ftlaunch.plan.memory.choose import (
     DOES_NOT_FIT,
     FITS,
     HARDWARE,
@@ -22,15 +23,12 @@ from ftlaunch.plan.memory.model import (
     NUMERICS,
     SAME_NUMBERS,
     TIGHT,
-    TrainSetup,
     choose_micro_batch,
-    default_optimizer,
-    estimate,
     gib_pair,
-    setup_from_config,
     verdict_of,
 )
-from ftlaunch.plan.memplan import ASSUMED_HOST_RAM_PER_GPU_GIB, host_ram_for, make_memory_chooser
+from ftlaunch.plan.memory.peak import estimate
+from ftlaunch.plan.memory.setup import TrainSetup, default_optimizer, setup_from_config
 from ftlaunch.plan.modelspec import spec_from_config
 from ftlaunch.plan.planner import PlanOptions, plan
 
@@ -238,7 +236,7 @@ def test_plan_json_prints_the_whole_object_on_refusal(tmp_path) -> None:
 
 
 def test_observed_peak_is_kept_and_only_raises_later_predictions(isolated_home) -> None:
-    from ftlaunch.plan.memory_store import correction_from, recall, remember, remember_observed
+    from ftlaunch.plan.memory.store import correction_from, recall, remember, remember_observed
 
     env = {"FTLAUNCH_HOME": str(isolated_home)}
     remember_observed(env, "k:V100", observed_peak_gib=31.0, predicted_peak_gib=30.0, micro_batch=1)
@@ -260,7 +258,7 @@ def test_observed_peak_is_kept_and_only_raises_later_predictions(isolated_home) 
 
 
 def test_simulate_plan_without_a_config_json_says_why_and_keeps_the_formula() -> None:
-    from ftlaunch.plan.memplan import simulate_plan
+    from ftlaunch.plan.memory.simulate import simulate_plan
 
     spec = spec_of("qwen2.5-1.5b")
     chooser = make_memory_chooser(spec, None, headroom=0.12, default_optim=FUSED)

@@ -1,4 +1,4 @@
-"""The simulator (ftlaunch.plan.simulate): what it measures on fake tensors, what it refuses, and that
+"""The simulator (ftlaunch.plan.memory.simulate): what it measures on fake tensors, what it refuses, and that
 planning never imports torch because of it."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch.plan.memory.model import TrainSetup, trainable_params
+from ftlaunch.plan.memory.setup import TrainSetup
+from ftlaunch.plan.memory.simulate import run_child, unsupported
+from ftlaunch.plan.memory.states import trainable_params
 from ftlaunch.plan.modelspec import spec_from_config
-from ftlaunch.plan.simulate import run_child, unsupported
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "corpus" / "model-configs"
@@ -35,7 +36,7 @@ SETUP = TrainSetup(
 
 def test_import_and_plain_plan_stay_torch_free() -> None:
     code = (
-        "import sys\nimport ftlaunch, ftlaunch.plan.simulate, ftlaunch.plan.memplan\n"
+        "import sys\nimport ftlaunch, ftlaunch.plan.memory.simulate, ftlaunch.plan.memory.adapt\n"
         "from ftlaunch.cli.main import main\n"
         "try:\n main(['plan','examples/train_full/qwen3_full_sft.yaml','--gpu','A100-80GB','--json',"
         f"'--model-config','{MODELS / 'qwen3-4b' / 'config.json'}'])\nexcept SystemExit: pass\n"
@@ -69,7 +70,7 @@ def test_what_cannot_be_simulated_is_named_and_never_started() -> None:
 def simulate():
     pytest.importorskip("torch")
     pytest.importorskip("peft")
-    from ftlaunch.plan.simulate import simulate as run
+    from ftlaunch.plan.memory.simulate import simulate as run
 
     return run
 

@@ -285,9 +285,10 @@ def _model_facts(values: Mapping[str, Any], p: Any, req: Any) -> dict[str, Any]:
 
     from ftlaunch.estimate import throughput
     from ftlaunch.plan.config import load_deepspeed
-    from ftlaunch.plan.memory.model import estimate as memory_estimate
-    from ftlaunch.plan.memory.model import setup_from_config, trainable_params
-    from ftlaunch.plan.memplan import model_spec_for
+    from ftlaunch.plan.memory.adapt import model_spec_for
+    from ftlaunch.plan.memory.peak import estimate as memory_estimate
+    from ftlaunch.plan.memory.setup import setup_from_config
+    from ftlaunch.plan.memory.states import trainable_params
 
     facts: dict[str, Any] = {"shape": None, "peak": None, "ckpt_off_fits": None, "ckpt_off_note": ""}
     if p.hardware.gpus:
@@ -295,7 +296,7 @@ def _model_facts(values: Mapping[str, Any], p: Any, req: Any) -> dict[str, Any]:
     spec, _note = model_spec_for(values, req.params, req.model_config)
     if spec is None:
         return facts
-    from ftlaunch.plan.memplan import installed_default_optimizer
+    from ftlaunch.plan.memory.adapt import installed_default_optimizer
 
     optim = installed_default_optimizer()[0]  # what HF Trainer really uses when `optim` is unset
     setup = setup_from_config(

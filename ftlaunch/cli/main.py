@@ -19,7 +19,7 @@ from ftlaunch import __version__
 from ftlaunch.cli.options import env_now, plan_options, run_options
 from ftlaunch.cli.render import Out, runs_table
 from ftlaunch.errors import DoesNotFitError, ExitCode, FtlaunchError
-from ftlaunch.plan.memplan import simulation_line
+from ftlaunch.plan.memory.simulate import simulation_line
 from ftlaunch.plan.render import alternatives_table
 
 console = Out()
@@ -99,7 +99,7 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
         raise
     sim = None
     if simulate:
-        from ftlaunch.plan.memplan import simulate_plan
+        from ftlaunch.plan.memory.simulate import simulate_plan
 
         err_console.print("simulating two optimizer steps on fake tensors (a child process; 15-40 s on 2 cores) ...")
         sim = simulate_plan(p, kw.get("model_config"))

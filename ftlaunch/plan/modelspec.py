@@ -309,7 +309,7 @@ def load_model_spec(model_dir: str | Path) -> ModelSpec | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Helpers shared with ftlaunch.plan.memory.model
+# Helpers shared with ftlaunch.plan.memory (states, activations)
 # --------------------------------------------------------------------------------------------
 
 

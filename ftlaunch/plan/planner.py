@@ -147,7 +147,7 @@ def plan(
 
     ``meta`` is the ftlaunch header of an already adapted config (its world size and global batch).
     ``memory_chooser(values, hardware, per_device, preferred_micro)`` -> MemoryDecision or None:
-    supplied by the shell when a model spec is known (see ftlaunch.plan.memplan).
+    supplied by the shell when a model spec is known (see ftlaunch.plan.memory.adapt).
     """
     meta = meta or {}
     ed = _Editor(values)

@@ -20,7 +20,7 @@ from ftlaunch.plan.config import (
     redact_secret_text,
     split_secrets,
 )
-from ftlaunch.plan.memory_store import config_key
+from ftlaunch.plan.memory.store import config_key
 from ftlaunch.plan.planner import Plan
 from ftlaunch.plan.render import plan_text
 from ftlaunch.run.outdir import Existing, claim_output_dir, home_problem
@@ -213,7 +213,7 @@ def supervise(
 
 def simulate_if_tight(p: Plan, simulate: bool | None, model_config: str | None, say: Callable[[str], None]) -> Plan:
     """A tight plan is checked on fake tensors before it runs (unless ``simulate`` is False)."""
-    from ftlaunch.plan.memplan import simulate_plan, simulation_line, simulation_wanted, with_simulation
+    from ftlaunch.plan.memory.simulate import simulate_plan, simulation_line, simulation_wanted, with_simulation
 
     if not simulation_wanted(p, simulate):
         return p

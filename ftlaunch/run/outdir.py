@@ -16,7 +16,7 @@ from ftlaunch.locks import try_flock
 from ftlaunch.plan.config import (
     LoadedConfig,
 )
-from ftlaunch.plan.memory_store import config_key
+from ftlaunch.plan.memory.store import config_key
 from ftlaunch.plan.planner import Plan
 from ftlaunch.run import progress as prog
 from ftlaunch.run.store import (

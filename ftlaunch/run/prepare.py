@@ -17,7 +17,7 @@ from ftlaunch.plan.config import (
     resolve_paths,
 )
 from ftlaunch.plan.hardware import Hardware, catalog_hardware, load_hardware_file, probe
-from ftlaunch.plan.memory_store import config_key, recall
+from ftlaunch.plan.memory.store import config_key, recall
 from ftlaunch.plan.planner import Plan, PlanOptions, plan
 
 
@@ -43,7 +43,7 @@ def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path
     if req.gpu and req.hardware_file:
         raise HardwareError("--gpu and --hardware both given", hint="use one of them")
     if req.gpu:
-        # A what-if for another machine never counts this machine's RAM (memplan.host_ram_for assumes).
+        # A what-if for another machine never counts this machine's RAM (memory.adapt.host_ram_for assumes).
         return catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib)
     if req.hardware_file:
         try:
@@ -84,7 +84,7 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
         datasets = prefetch_datasets(values, req.mirror, env, cwd=loaded.base_dir, progress=sys.stderr.isatty())
     hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
     g_source = req.global_batch
-    from ftlaunch.plan.memplan import make_memory_chooser, model_spec_for
+    from ftlaunch.plan.memory.adapt import make_memory_chooser, model_spec_for
 
     model_config = req.model_config
     if fetched is not None and model_config is None and (Path(fetched.path) / "config.json").exists():

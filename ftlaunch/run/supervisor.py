@@ -26,7 +26,7 @@ from ftlaunch.errors import ExitCode, FtlaunchError
 from ftlaunch.files import write_text_atomic
 from ftlaunch.plan.config import dump_yaml, read_header
 from ftlaunch.plan.hardware import gpu_peak_of
-from ftlaunch.plan.memory_store import remember, remember_observed
+from ftlaunch.plan.memory.store import remember, remember_observed
 from ftlaunch.plan.offload import materialize
 from ftlaunch.run import progress as prog
 from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock

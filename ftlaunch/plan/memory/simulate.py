@@ -1,8 +1,9 @@
 """The memory simulator: one training run's peak GPU memory measured on fake tensors.
 
-Owns the simulation and the child process it runs in. Planning stays torch-free: the parent
+Owns the simulation, the child process it runs in, and what a plan makes of its result
+(``simulate_plan``, ``with_simulation``, ``simulation_line``). Planning stays torch-free: the parent
 (``plan --simulate``, ``scripts/calibrate_memory.py``) calls :func:`run_child`, which starts
-``python -m ftlaunch.plan.simulate`` and reads one JSON line back; only that child imports torch.
+``python -m ftlaunch.plan.memory.simulate`` and reads one JSON line back; only that child imports torch.
 
 The child builds the model from ``config.json`` with ``AutoModelForCausalLM.from_config`` under
 ``FakeTensorMode`` (no weights, no FLOPs) and prepares it the way llamafactory 0.9.5 does for the
@@ -30,10 +31,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from ftlaunch.plan.memory.model import GIB, TrainSetup
+from ftlaunch.errors import ConfigError
+from ftlaunch.plan.memory.peak import GIB, peak_from_tensors
+from ftlaunch.plan.memory.setup import TrainSetup, setup_from_config
 
 __all__ = ["SimResult", "unsupported", "run_child", "simulate", "main"]
 
@@ -101,7 +105,7 @@ def run_child(
     python: str | None = None,
     timeout: float = 1800.0,
 ) -> SimResult:
-    """Simulate in a child ``python -m ftlaunch.plan.simulate`` so this process never imports torch."""
+    """Simulate in a child ``python -m ftlaunch.plan.memory.simulate`` so this process never imports torch."""
     skip = unsupported(setup, model_config)
     if skip:
         return SimResult(None, unsupported=skip)
@@ -109,7 +113,7 @@ def run_child(
     start = time.monotonic()
     try:
         proc = subprocess.run(
-            [python or sys.executable, "-m", "ftlaunch.plan.simulate"],
+            [python or sys.executable, "-m", "ftlaunch.plan.memory.simulate"],
             input=request,
             capture_output=True,
             text=True,
@@ -123,6 +127,93 @@ def run_child(
         return SimResult(None, error=f"simulator exited {proc.returncode}: {tail[0]}")
     result = SimResult.from_dict(json.loads(lines[-1]))
     return SimResult(result.peak_gib, result.by_kind_bytes, result.unsupported, time.monotonic() - start, result.error)
+
+
+# ============================================================================================
+# Parent side: a plan checked by the simulator
+# ============================================================================================
+
+
+def raw_model_config(values: Mapping[str, Any], model_config: str | None = None) -> dict[str, Any] | None:
+    """The config.json dict the simulator builds the model from: --model-config FILE, else a local
+    model directory's config.json; None when there is none (``--params`` only guesses shapes)."""
+    path = Path(model_config) if model_config else None
+    if path is None:
+        local = values.get("model_name_or_path")
+        if isinstance(local, str) and (Path(local) / "config.json").is_file():
+            path = Path(local) / "config.json"
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if isinstance(data.get("text_config"), dict):  # composite (vision) models: the language model only
+        data = {"model_type": data["text_config"].get("model_type", data.get("model_type")), **data["text_config"]}
+    return data
+
+
+def simulate_plan(plan: Any, model_config: str | None = None, *, python: str | None = None) -> dict[str, Any]:
+    """Run the simulator (a child process, ftlaunch.plan.memory.simulate) on the setup ``plan`` chose.
+
+    Returns the simulated tensor peak and, comparable with the card, that peak plus the same
+    overhead the formulas add; beside them the formula's figures. What cannot be simulated (QLoRA,
+    flash-attention, DeepSpeed, 8-bit optimizers) is listed and the formula stands alone.
+    """
+    mem = dict(plan.memory or {})
+    out: dict[str, Any] = {
+        "formula_tensors_gib": mem.get("tensors_gib"),
+        "formula_peak_gib": mem.get("peak_gib"),
+    }
+    # kernels that replace transformers' modules (and their memory) are not in the simulator
+    kernels = [k for k in ("enable_liger_kernel", "use_unsloth", "use_unsloth_gc") if plan.config.get(k)]
+    if kernels:
+        out["unsupported"] = [f"{k} (kernels the simulator does not run)" for k in kernels]
+        return out
+    cfg = raw_model_config(plan.config, model_config)
+    if cfg is None or not plan.hardware.gpus:
+        out["error"] = "no config.json to build the model from" if cfg is None else "no GPU: nothing to simulate"
+        return out
+    setup = setup_from_config(
+        dict(plan.config),
+        world_size=plan.world_size,
+        default_optim=str(mem.get("optimizer") or "adamw_torch"),
+    )
+    res = run_child(cfg, setup, python=python)
+    out.update(res.to_dict())
+    out["simulated_tensors_gib"] = out.pop("peak_gib")
+    if res.peak_gib is not None:
+        out["simulated_peak_gib"] = round(peak_from_tensors(res.peak_gib, plan.world_size), 2)
+    return out
+
+
+def simulation_wanted(plan: Any, simulate: bool | None) -> bool:
+    """`train` simulates when asked, or by itself when the verdict is tight (None). Pure."""
+    return simulate is True or (simulate is None and (plan.memory or {}).get("verdict") == "tight")
+
+
+def with_simulation(plan: Any, sim: Mapping[str, Any]) -> Any:
+    """The plan with the simulator's result in its memory (plan.json) and, when the simulated peak
+    exceeds the card, a warning (the OOM ladder stands by). Pure."""
+    warnings = list(plan.warnings)
+    capacity = (plan.memory or {}).get("capacity_gib")
+    if sim.get("simulated_peak_gib") and capacity and sim["simulated_peak_gib"] > capacity:
+        warnings.append(
+            f"the simulator puts the peak at {sim['simulated_peak_gib']:.2f} GiB, above the card's {capacity:.2f} GiB: "
+            "expect an OOM; recovery will step the micro-batch down (global batch kept)"
+        )
+    return replace(plan, memory={**(plan.memory or {}), "simulated": dict(sim)}, warnings=tuple(warnings))
+
+
+def simulation_line(sim: dict[str, Any]) -> str:
+    if sim.get("simulated_peak_gib") is None:
+        why = sim.get("error") or "; ".join(sim.get("unsupported") or [])
+        return f"not simulated ({why}): the formula's figure stands"
+    return (
+        f"simulated peak {sim['simulated_peak_gib']:.2f} GiB (tensors {sim['simulated_tensors_gib']:.2f}) "
+        f"beside the formula's {sim['formula_peak_gib']:.2f} GiB (tensors {sim['formula_tensors_gib']:.2f}); "
+        f"{sim['seconds']:.0f} s"
+    )
 
 
 # ============================================================================================

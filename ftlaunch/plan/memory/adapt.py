@@ -14,6 +14,9 @@ from typing import Any
 
 from ftlaunch.errors import ConfigError, DoesNotFitError
 from ftlaunch.plan.hardware import Hardware
+from ftlaunch.plan.memory.choose import MIN_HEADROOM, TIGHT, choose_micro_batch, gib_pair
+from ftlaunch.plan.memory.setup import default_optimizer, setup_from_config
+from ftlaunch.plan.memory.store import correction_from
 from ftlaunch.plan.offload import materialize
 
 
@@ -89,8 +92,6 @@ def installed_default_optimizer() -> tuple[str, str]:
     torch versions (importlib.metadata: nothing is imported)."""
     from importlib import metadata
 
-    from ftlaunch.plan.memory.model import default_optimizer
-
     versions: dict[str, str | None] = {}
     for pkg in ("transformers", "torch"):
         try:
@@ -100,84 +101,6 @@ def installed_default_optimizer() -> tuple[str, str]:
     optim = default_optimizer(versions["transformers"], versions["torch"])
     seen = ", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items())
     return optim, f"optim unset: {optim} is the default with {seen}"
-
-
-def raw_model_config(values: Mapping[str, Any], model_config: str | None = None) -> dict[str, Any] | None:
-    """The config.json dict the simulator builds the model from: --model-config FILE, else a local
-    model directory's config.json; None when there is none (``--params`` only guesses shapes)."""
-    import json
-
-    path = Path(model_config) if model_config else None
-    if path is None:
-        local = values.get("model_name_or_path")
-        if isinstance(local, str) and (Path(local) / "config.json").is_file():
-            path = Path(local) / "config.json"
-    if path is None:
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    if isinstance(data.get("text_config"), dict):  # composite (vision) models: the language model only
-        data = {"model_type": data["text_config"].get("model_type", data.get("model_type")), **data["text_config"]}
-    return data
-
-
-def simulate_plan(plan: Any, model_config: str | None = None, *, python: str | None = None) -> dict[str, Any]:
-    """Run the simulator (a child process, ftlaunch.plan.simulate) on the setup ``plan`` chose.
-
-    Returns the simulated tensor peak and, comparable with the card, that peak plus the same
-    overhead the formulas add; beside them the formula's figures. What cannot be simulated (QLoRA,
-    flash-attention, DeepSpeed, 8-bit optimizers) is listed and the formula stands alone.
-    """
-    from ftlaunch.plan.memory import model as memory
-    from ftlaunch.plan.simulate import run_child
-
-    mem = dict(plan.memory or {})
-    out: dict[str, Any] = {
-        "formula_tensors_gib": mem.get("tensors_gib"),
-        "formula_peak_gib": mem.get("peak_gib"),
-    }
-    # kernels that replace transformers' modules (and their memory) are not in the simulator
-    kernels = [k for k in ("enable_liger_kernel", "use_unsloth", "use_unsloth_gc") if plan.config.get(k)]
-    if kernels:
-        out["unsupported"] = [f"{k} (kernels the simulator does not run)" for k in kernels]
-        return out
-    cfg = raw_model_config(plan.config, model_config)
-    if cfg is None or not plan.hardware.gpus:
-        out["error"] = "no config.json to build the model from" if cfg is None else "no GPU: nothing to simulate"
-        return out
-    setup = memory.setup_from_config(
-        dict(plan.config),
-        world_size=plan.world_size,
-        default_optim=str(mem.get("optimizer") or "adamw_torch"),
-    )
-    res = run_child(cfg, setup, python=python)
-    out.update(res.to_dict())
-    out["simulated_tensors_gib"] = out.pop("peak_gib")
-    if res.peak_gib is not None:
-        out["simulated_peak_gib"] = round(memory.peak_from_tensors(res.peak_gib, plan.world_size), 2)
-    return out
-
-
-def simulation_wanted(plan: Any, simulate: bool | None) -> bool:
-    """`train` simulates when asked, or by itself when the verdict is tight (None). Pure."""
-    return simulate is True or (simulate is None and (plan.memory or {}).get("verdict") == "tight")
-
-
-def with_simulation(plan: Any, sim: Mapping[str, Any]) -> Any:
-    """The plan with the simulator's result in its memory (plan.json) and, when the simulated peak
-    exceeds the card, a warning (the OOM ladder stands by). Pure."""
-    from dataclasses import replace
-
-    warnings = list(plan.warnings)
-    capacity = (plan.memory or {}).get("capacity_gib")
-    if sim.get("simulated_peak_gib") and capacity and sim["simulated_peak_gib"] > capacity:
-        warnings.append(
-            f"the simulator puts the peak at {sim['simulated_peak_gib']:.2f} GiB, above the card's {capacity:.2f} GiB: "
-            "expect an OOM; recovery will step the micro-batch down (global batch kept)"
-        )
-    return replace(plan, memory={**(plan.memory or {}), "simulated": dict(sim)}, warnings=tuple(warnings))
 
 
 def make_memory_chooser(
@@ -191,10 +114,7 @@ def make_memory_chooser(
     """The planner's memory callback. ``default_optim`` = (name, why) from
     :func:`installed_default_optimizer`, read once by the caller (default: read here, now).
     ``observed`` = what an earlier run of this config on this card used
-    (``memory_store.recall(env, key)["observed"]``): predictions are scaled up to it."""
-    from ftlaunch.plan.memory import model as memory
-    from ftlaunch.plan.memory_store import correction_from
-
+    (``store.recall(env, key)["observed"]``): predictions are scaled up to it."""
     optim_default, optim_why = default_optim or installed_default_optimizer()
     correction, correction_why = correction_from(observed)
 
@@ -202,12 +122,12 @@ def make_memory_chooser(
         if not hw.gpus:
             return None  # CPU training: host RAM, not a card, is the limit; no micro-batch model
         ds = deepspeed_config if values.get("deepspeed") else None
-        setup = memory.setup_from_config(
+        setup = setup_from_config(
             dict(values), world_size=hw.world_size, deepspeed_config=ds, default_optim=optim_default
         )
         capacity = min(g.total_gib for g in hw.gpus)
         host_ram, host_note = host_ram_for(hw)
-        choice = memory.choose_micro_batch(
+        choice = choose_micro_batch(
             spec,
             setup,
             capacity_gib=capacity,
@@ -241,11 +161,11 @@ def make_memory_chooser(
         }
         if choice.micro_batch is None:
             alternatives = [dict(a) for a in choice.alternatives]
-            peak, limit = memory.gib_pair(est["peak_gib"], capacity * (1 - min(headroom, memory.MIN_HEADROOM)))
+            peak, limit = gib_pair(est["peak_gib"], capacity * (1 - min(headroom, MIN_HEADROOM)))
             raise DoesNotFitError(
                 f"{spec.params / 1e9:.2f}B-parameter model, {setup.finetuning_type} fine-tuning, "
                 f"cutoff_len {setup.seq_len}: peak {peak} GiB at micro-batch 1 > {limit} GiB on "
-                f"{hw.describe()}: capacity less {memory.MIN_HEADROOM:.0%}, the least headroom even a tight "
+                f"{hw.describe()}: capacity less {MIN_HEADROOM:.0%}, the least headroom even a tight "
                 f"plan keeps (target {headroom:.0%})",
                 hint="ftlaunch never changes the method or data on its own; pick one of the options above "
                 "(ordered: same numbers first, then numerics, then method or data)",
@@ -263,7 +183,7 @@ def make_memory_chooser(
             env.update(launch_env)
             edits.append((key, new, reason))
         warnings: tuple[str, ...] = (correction_why,) if correction_why else ()
-        if choice.verdict == memory.TIGHT:
+        if choice.verdict == TIGHT:
             reason = (
                 f"TIGHT: largest micro-batch dividing {per_device} within the card: predicted peak "
                 f"{est['peak_gib']:.2f} GiB of {capacity:.2f} GiB leaves {choice.headroom_share:.1%} "
@@ -283,14 +203,3 @@ def make_memory_chooser(
         return MemoryDecision(choice.micro_batch, mem, tuple(edits), env, warnings, reason)
 
     return choose
-
-
-def simulation_line(sim: dict[str, Any]) -> str:
-    if sim.get("simulated_peak_gib") is None:
-        why = sim.get("error") or "; ".join(sim.get("unsupported") or [])
-        return f"not simulated ({why}): the formula's figure stands"
-    return (
-        f"simulated peak {sim['simulated_peak_gib']:.2f} GiB (tensors {sim['simulated_tensors_gib']:.2f}) "
-        f"beside the formula's {sim['formula_peak_gib']:.2f} GiB (tensors {sim['formula_tensors_gib']:.2f}); "
-        f"{sim['seconds']:.0f} s"
-    )
