@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ftlaunch.cli.estimate import estimate_cmd, plot_cmd
+from ftlaunch.cli.estimate import estimate_cmd
+from ftlaunch.cli.plot import plot_cmd
 from ftlaunch.estimate import core as est
 from ftlaunch.estimate import padding as est_pad
 from ftlaunch.estimate import probe as est_run

@@ -1,16 +1,23 @@
-"""Rendering plans, hardware and runs for people (rich) and machines (JSON). No decisions here."""
+"""Rendering plans, hardware and runs for people (rich) and machines (JSON). No decisions here.
+
+Owns the two consoles every command prints to (`console`, `err_console`), `echo_json`, the table of
+runs, a run's status table and the JSON form of a plan (secrets masked).
+"""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from ftlaunch.plan.render import PIPE_WIDTH
+
+if TYPE_CHECKING:
+    from ftlaunch.plan.planner import Plan
 
 
 def _isatty(stream: IO[str]) -> bool:
@@ -35,6 +42,33 @@ class Out:
 
     def print(self, *objects: Any, **kw: Any) -> None:
         self.console().print(*objects, **kw)
+
+
+console = Out()
+err_console = Out(stderr=True)
+
+
+def echo_json(obj: Any) -> None:
+    """One JSON object on stdout (numpy scalars, paths and dataclasses made plain)."""
+    import click
+
+    from ftlaunch.files import to_json
+
+    click.echo(to_json(obj))
+
+
+def plan_json(p: Plan, simulated: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`plan --json`: the plan as one object; secret config keys and env values are never printed."""
+    from ftlaunch.plan.config import split_secrets
+    from ftlaunch.run.trainer import public_env
+
+    d = p.to_dict()
+    d["env"] = public_env(p.env)
+    public, secret = split_secrets(d["config"])
+    d["config"] = {**public, **dict.fromkeys(secret, "***")}
+    if simulated is not None:
+        d["memory"] = {**(d["memory"] or {}), "simulated": simulated}
+    return d
 
 
 def add_id_column(table: Table, header: str, ids: Iterable[str]) -> None:
@@ -65,4 +99,56 @@ def runs_table(rows: list[dict[str, Any]]) -> Table:
             str(r.get("created") or "-")[5:16].replace("T", " ") or "-",  # MM-DD HH:MM
             str(r.get("output_dir") or "-"),
         )
+    return t
+
+
+def fmt_seconds(s: float | None) -> str:
+    """3725 -> "1h02m"; 65 -> "1m05s"; None -> "-"."""
+    if s is None:
+        return "-"
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+
+
+STATUS_ROWS = (
+    ("attempt", "attempt"),
+    ("loss", "loss"),
+    ("tokens_per_second", "tokens/s"),
+    ("gpu_hours", "GPU-hours so far"),
+    ("gpu_hours_projected", "GPU-hours projected"),
+    ("steps_per_second", "steps/s"),
+    ("micro_batch", "micro-batch"),
+    ("accumulation", "accumulation"),
+    ("last_checkpoint", "last checkpoint"),
+    ("health", "health"),
+    ("gpu_memory_gib", "GPU memory GiB"),
+    ("predicted_peak_gib", "GPU peak GiB predicted"),
+    ("observed_peak_gib", "GPU peak GiB observed"),
+    ("output_dir", "output_dir"),
+    ("run_dir", "run_dir"),
+    ("message", "message"),
+)
+
+
+def status_table(v: dict[str, Any]) -> Table:
+    """`ftlaunch status`: one run's view (ftlaunch.run.view.run_view) as a two-column table."""
+    from rich.progress_bar import ProgressBar
+
+    t = Table(title=f"run {v['id']} ({v.get('name')}): {v['status']}", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    if v.get("total_steps"):
+        step = v.get("step") or 0
+        t.add_row("progress", ProgressBar(total=v["total_steps"], completed=step, width=40))
+        t.add_row("step", f"{step}/{v['total_steps']} ({100 * step / v['total_steps']:.0f}%)")
+    for key, label in STATUS_ROWS:
+        if v.get(key) is not None:
+            val = v[key]
+            t.add_row(label, f"{val:.4g}" if isinstance(val, float) else str(val))
+    if v.get("supervisor_alive") == "alive":
+        t.add_row("supervisor pid", f"{v['pid']} (trainer {v.get('trainer_pid') or '-'})")
+    if v["status"] in ("running", "recovering", "starting"):
+        t.add_row("ETA", fmt_seconds(v.get("eta_seconds")))
     return t

@@ -1,0 +1,123 @@
+"""The commands that look before anything runs: `plan`, `env` and `download`.
+
+Each parses, calls one use case (make_plan, the hardware probe, prefetch_model) and renders.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from ftlaunch.cli.options import env_now, plan_options
+from ftlaunch.cli.render import console, echo_json, err_console, plan_json
+from ftlaunch.errors import DoesNotFitError
+
+
+@click.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@plan_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@click.option(
+    "--simulate",
+    is_flag=True,
+    help="Also measure the chosen setup's peak on fake tensors (a child process with torch; 15-40 s).",
+)
+def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool, **kw: Any) -> None:
+    """Show how CONFIG would be adapted to this machine; run nothing.
+
+    \b
+    Examples:
+      ftlaunch plan examples/train_full/qwen3_full_sft.yaml learning_rate=2e-5
+      ftlaunch plan cfg.yaml --gpu V100-32GB
+      ftlaunch plan cfg.yaml --source-gpus 8 --json
+      ftlaunch plan cfg.yaml --gpu V100-32GB --simulate      # also measure it on fake tensors
+    """
+    from ftlaunch.plan.memory.simulate import simulate_plan, simulation_line
+    from ftlaunch.plan.render import plan_renderables
+    from ftlaunch.run.options import RunOptions
+    from ftlaunch.run.prepare import make_plan
+
+    req = RunOptions.from_kwargs(kw).plan_request(config, overrides, strict=False)
+    try:
+        _, p = make_plan(req, env_now())
+    except DoesNotFitError as exc:
+        if as_json:  # the whole object on stdout too; the error and table still go to stderr, exit 5
+            echo_json({**exc.payload, "error": exc.message, "alternatives": exc.alternatives})
+        raise
+    sim = None
+    if simulate:
+        err_console.print("simulating two optimizer steps on fake tensors (a child process; 15-40 s on 2 cores) ...")
+        sim = simulate_plan(p, kw.get("model_config"))
+    if as_json:
+        echo_json(plan_json(p, sim))
+        return
+    for r in plan_renderables(p):
+        console.print(r)
+    if sim is not None:
+        console.print(simulation_line(sim), highlight=False)
+
+
+@click.command("env")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable; feed it to --hardware elsewhere.")
+def env_cmd(as_json: bool) -> None:
+    """What ftlaunch sees: GPUs, driver, RAM, disk, versions.
+
+    \b
+    Examples:
+      ftlaunch env
+      ftlaunch env --json > hw.json   # then elsewhere: ftlaunch plan cfg.yaml --hardware hw.json
+    """
+    from ftlaunch.plan.hardware import probe
+    from ftlaunch.plan.render import hardware_renderables
+
+    hw = probe(env_now())
+    if as_json:
+        echo_json(hw.to_dict())
+        return
+    for r in hardware_renderables(hw):
+        console.print(r)
+
+
+@click.command()
+@click.argument("repo_id")
+@click.option(
+    "--mirror",
+    default="auto",
+    show_default=True,
+    help="auto (probe the hub, then hf-mirror.com), hf, hf-mirror, modelscope, or a base URL.",
+)
+@click.option("--revision", help="Branch, tag or commit.")
+@click.option("--repo-type", type=click.Choice(["model", "dataset"]), default="model", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print {path, endpoint, files, bytes, retries}.")
+def download(repo_id: str, mirror: str, revision: str | None, repo_type: str, as_json: bool) -> None:
+    """Download REPO_ID into the hub cache with retries and resume, then verify every file.
+
+    \b
+    Examples:
+      ftlaunch download Qwen/Qwen2.5-1.5B-Instruct
+      ftlaunch download Qwen/Qwen2.5-1.5B-Instruct --mirror hf-mirror --json
+      ftlaunch download tatsu-lab/alpaca --repo-type dataset
+    """
+    from ftlaunch.hub.model import prefetch_model
+
+    def on_retry(n: int, total: int, exc: BaseException, wait: float) -> None:
+        err_console.print(f"[{n}/{total}] {type(exc).__name__}: retrying in {wait:.1f}s", highlight=False, markup=False)
+
+    r = prefetch_model(
+        repo_id,
+        mirror,
+        env_now(),
+        revision=revision,
+        progress=not as_json and sys.stderr.isatty(),
+        on_retry=on_retry,
+        repo_type=repo_type,
+    )
+    if as_json:
+        echo_json({**r.to_dict(), "endpoint_reason": r.endpoint_reason})
+        return
+    click.echo(f"{repo_id}: {r.files} files, {r.bytes / 2**20:.1f} MiB from {r.endpoint} ({r.endpoint_reason})")
+    click.echo(f"verified snapshot: {r.path}")
+    click.echo(f"train offline with: model_name_or_path={r.path} and HF_HUB_OFFLINE=1")

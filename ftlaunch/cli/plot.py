@@ -1,0 +1,153 @@
+"""`ftlaunch plot` and the matplotlib drawings: a run's loss and throughput, an estimate's lengths.
+
+matplotlib is imported inside the drawing functions (Agg backend), so that importing the command
+line stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ftlaunch.cli.options import env_now
+from ftlaunch.errors import FtlaunchError
+
+
+@click.command("plot", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("run", required=False)
+@click.option("--out", type=click.Path(dir_okay=False), help="PNG to write; default <run dir>/progress.png.")
+def plot_cmd(run: str | None, out: str | None) -> None:
+    """Draw loss and throughput over steps for RUN as a PNG, with restarts marked.
+
+    RUN is a run id, a unique prefix of one or a run name (default: the latest run), or an
+    output_dir holding a trainer_log.jsonl.
+
+    \b
+    Examples:
+      ftlaunch plot
+      ftlaunch plot nightly --out nightly.png
+      ftlaunch plot saves/qwen3-sft
+    """
+    from ftlaunch.run import accounting as acc
+    from ftlaunch.run.progress import parse_trainer_log
+    from ftlaunch.run.store import find_run, read_events, read_state
+
+    env = env_now()
+    events: list[dict[str, Any]] = []
+    if run and Path(run).is_dir() and (Path(run) / "trainer_log.jsonl").is_file():
+        output_dir = Path(run)
+        title = str(output_dir)
+        default_out = output_dir / "ftlaunch-progress.png"
+    else:
+        run_dir = find_run(env, run)
+        state = read_state(run_dir)
+        output_dir = Path(state.output_dir or "")
+        events = read_events(run_dir)
+        title = f"run {run_dir.name} ({state.name})"
+        default_out = run_dir / "progress.png"
+    tlog = output_dir / "trainer_log.jsonl"
+    if not tlog.is_file():
+        raise FtlaunchError(f"no {tlog} yet", hint="the trainer writes it from its first logged step (logging_steps)")
+    segments = acc.split_attempts(parse_trainer_log(tlog.read_text(errors="replace")))
+    if not segments:
+        raise FtlaunchError(f"{tlog} has no logged training steps yet")
+    path = Path(out) if out else default_out
+    draw_progress(segments, acc.attempt_spans(events), path, title)
+    click.echo(f"wrote {path}")
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise FtlaunchError("drawing needs matplotlib, which is not installed", hint="pip install matplotlib") from None
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """Write the figure as a PNG (its folder made first) and free it."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def draw_histogram(stats: Any, padding: Any, path: Path) -> Path:
+    """The sample-length histogram (before the cutoff), with the cutoff and percentiles marked."""
+    from ftlaunch.estimate.padding import length_percentiles
+
+    plt = _pyplot()
+    raw = list(stats.raw_lengths)
+    pc = length_percentiles(raw)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    if raw:
+        ax.hist(raw, bins=min(60, max(5, len(set(raw)))), color="#4c72b0", edgecolor="white")
+    ax.axvline(stats.cutoff_len, color="#c44e52", linewidth=2, label=f"cutoff_len {stats.cutoff_len}")
+    for key, style in (("p50", ":"), ("p90", "--"), ("p99", "-.")):
+        ax.axvline(pc[key], color="#555555", linestyle=style, label=f"{key} {pc[key]}")
+    trunc = stats.truncated
+    ax.set_title(
+        f"{stats.samples:,} samples, {stats.total_tokens:,} tokens"
+        + (f", {trunc:,} truncated" if trunc else "")
+        + f"; padding {padding.share:.0%} (packed {padding.share_packed:.0%}) at micro-batch {padding.micro_batch}"
+    )
+    ax.set_xlabel("tokens per sample (llamafactory's template, before the cutoff)")
+    ax.set_ylabel("samples")
+    ax.legend(loc="upper right")
+    return _save(plt, fig, path)
+
+
+RESTART_COLOR = "#c44e52"
+ATTEMPT_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974")
+
+
+def draw_progress(
+    segments: Sequence[Sequence[Mapping[str, Any]]], spans: Sequence[Mapping[str, Any]], path: Path, title: str
+) -> Path:
+    """Loss and throughput over steps, one line per attempt, restarts as dashed vertical lines."""
+    from ftlaunch.run.accounting import rate_series, segment_attempts
+
+    plt = _pyplot()
+    fig, (ax_loss, ax_rate) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
+    rate_label = "steps/s"
+    attempts = segment_attempts(segments, spans)
+    for i, seg in enumerate(segments):
+        attempt = attempts[i]
+        label = f"attempt {attempt}" if attempt is not None else f"segment {i + 1} (attempt unknown)"
+        # One colour per segment on both axes (each axis would otherwise cycle on its own), never
+        # the restart marker's red.
+        color = ATTEMPT_COLORS[i % len(ATTEMPT_COLORS)]
+        steps = [int(r["current_steps"]) for r in seg]
+        ax_loss.plot(steps, [float(r["loss"]) for r in seg], label=label, linewidth=1.2, color=color)
+        rate_label, series = rate_series(seg)
+        if series:
+            ax_rate.plot([s for s, _ in series], [v for _, v in series], label=label, linewidth=1.2, color=color)
+        if i > 0:
+            x = steps[0] - 1  # a resumed attempt logs from the checkpoint's step + 1
+            for ax in (ax_loss, ax_rate):
+                ax.axvline(x, color=RESTART_COLOR, linestyle="--", linewidth=1)
+            ax_loss.annotate(
+                "restart" + (f" (attempt {attempt})" if attempt is not None else ""),
+                (x, 1.0),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                va="top",
+                ha="right",
+                fontsize=8,
+                color=RESTART_COLOR,
+            )
+    ax_loss.set_ylabel("loss")
+    ax_rate.set_ylabel(rate_label)
+    ax_rate.set_xlabel("optimizer step")
+    ax_loss.set_title(title)
+    if len(segments) > 1:
+        ax_loss.legend(loc="upper right")
+        ax_rate.legend(loc="upper right")
+    return _save(plt, fig, path)

@@ -1,0 +1,302 @@
+"""The commands of a run's life: `train`, `runs`, `status`, `logs`, `stop` and `resume`.
+
+Each parses, calls one use case (ftlaunch.run.launch.start_run, ftlaunch.run.slurm.submit.submit_run,
+ftlaunch.run.control.*, ftlaunch.run.view.*) and renders; following a log lives in cli/follow.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ftlaunch.cli.follow import FOLLOW_TAIL_LINES, follow_and_exit, follow_log
+from ftlaunch.cli.options import env_now, run_options
+from ftlaunch.cli.render import console, echo_json, err_console, runs_table, status_table
+
+if TYPE_CHECKING:
+    from ftlaunch.run.options import RunOptions
+    from ftlaunch.run.slurm.sbatch import SlurmRequest
+
+
+def _how_to_watch(run_dir: Path, stop_note: str = "") -> None:
+    click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
+    click.echo(f"  status: ftlaunch status {run_dir.name}")
+    click.echo(f"  stop:   ftlaunch stop {run_dir.name}{stop_note}")
+
+
+@click.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@run_options
+@click.option("--foreground", is_flag=True, help="Run attached and exit with the run's code (schedulers, containers).")
+@click.option("--follow", "-f", is_flag=True, help="Start detached, then follow the log (Ctrl-C stops following only).")
+@click.option(
+    "--resume-existing",
+    "existing",
+    flag_value="resume",
+    help="The output_dir holds checkpoints no ftlaunch run of this config left: continue from them.",
+)
+@click.option(
+    "--fresh",
+    "existing",
+    flag_value="fresh",
+    help="Move the output_dir's old content aside into <output_dir>.old-<UTC> (never deleted), then start afresh.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print {"id", "run_dir", "pid"} once started (--foreground: {"id", "run_dir", "exit_code"} at the end;'
+    ' --slurm: {"id", "run_dir", "slurm_job_id"}).',
+)
+@click.option(
+    "--simulate/--no-simulate",
+    default=None,
+    help="Check the plan's peak on fake tensors before starting [default: only when the verdict is tight].",
+)
+@click.option("--slurm", is_flag=True, help="Submit to Slurm (sbatch) instead of starting here; --gpu names one node.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="--slurm: nodes to ask for.")
+@click.option("--partition", help="--slurm: the partition.")
+@click.option("--time", "time_limit", help="--slurm: the time limit, e.g. 24:00:00 (a requeue resumes past it).")
+@click.option("--account", help="--slurm: the account to charge.")
+@click.option("--sbatch-arg", "sbatch_args", multiple=True, help="--slurm: one more #SBATCH option (repeatable).")
+def train(
+    config: str,
+    overrides: tuple[str, ...],
+    foreground: bool,
+    follow: bool,
+    existing: str | None,
+    as_json: bool,
+    slurm: bool,
+    nodes: int,
+    partition: str | None,
+    time_limit: str | None,
+    account: str | None,
+    sbatch_args: tuple[str, ...],
+    simulate: bool | None,
+    **kw: Any,
+) -> None:
+    """Plan CONFIG, then run `llamafactory-cli train` on the adapted config, supervised.
+
+    Takes the same arguments as `llamafactory-cli train`: a YAML and key=value overrides.
+    By default the run is detached: it survives the shell and SSH; follow it with `ftlaunch logs -f`.
+
+    With --slurm, the run is a Slurm batch job over --nodes nodes of --gpu each (torchrun across
+    nodes, requeued and resumed when the time limit nears); status, logs, stop work as for any run.
+
+    \b
+    Examples:
+      ftlaunch train cfg.yaml
+      ftlaunch train cfg.yaml learning_rate=2e-5 --follow
+      ftlaunch train cfg.yaml --foreground
+      ftlaunch train cfg.yaml --slurm --nodes 2 --gpu A100-80GBx8 --partition gpu --time 24:00:00
+    """
+    from ftlaunch.plan.render import plan_renderables
+    from ftlaunch.run.launch import start_run
+    from ftlaunch.run.options import RunOptions
+    from ftlaunch.run.outdir import Existing
+
+    opts = RunOptions.from_kwargs(kw)
+    if slurm:
+        if foreground or follow:
+            raise click.UsageError("--slurm runs as a batch job: follow it with `ftlaunch logs -f`")
+        from ftlaunch.run.slurm.sbatch import SlurmRequest
+
+        req = SlurmRequest(nodes, 0, partition, time_limit, account, tuple(sbatch_args))
+        _submit_slurm(config, overrides, opts, req, existing, as_json)
+        return
+    if any((nodes != 1, partition, time_limit, account, sbatch_args)):
+        raise click.UsageError("--nodes, --partition, --time, --account and --sbatch-arg go with --slurm")
+
+    def created(run_dir: Path, p: Any) -> None:
+        if not as_json:
+            for r in plan_renderables(p):
+                err_console.print(r)
+        if foreground:
+            err_console.print(f"run {run_dir.name} (foreground); run dir {run_dir}", highlight=False)
+
+    started = start_run(
+        opts.plan_request(config, overrides, strict=True),
+        env_now(),
+        opts.supervisor_settings(),
+        existing=Existing(existing or "refuse"),
+        simulate=simulate,
+        foreground=foreground,
+        echo=not as_json,
+        on_created=created,
+        say=lambda text: err_console.print(text, highlight=False),
+    )
+    run_dir = started.run_dir
+    if foreground:
+        if as_json:
+            echo_json({"id": run_dir.name, "run_dir": str(run_dir), "exit_code": started.exit_code})
+        sys.exit(started.exit_code)
+    if as_json:
+        echo_json({"id": run_dir.name, "run_dir": str(run_dir), "pid": started.pid})
+    else:
+        click.echo(f"started run {run_dir.name} (supervisor pid {started.pid})")
+        _how_to_watch(run_dir)
+    if follow:
+        follow_and_exit(run_dir)
+
+
+def _submit_slurm(
+    config: str, overrides: tuple[str, ...], opts: RunOptions, req: SlurmRequest, existing: str | None, as_json: bool
+) -> None:
+    """`train --slurm`: submit the run as a batch job, then say how to watch it."""
+    from ftlaunch.plan.render import plan_renderables
+    from ftlaunch.run.slurm.submit import submit_run
+
+    run_dir, job, p = submit_run(config, overrides, opts, req, env_now(), existing=existing or "refuse")
+    if as_json:
+        echo_json({"id": run_dir.name, "run_dir": str(run_dir), "slurm_job_id": job})
+        return
+    for r in plan_renderables(p):
+        err_console.print(r)
+    script = run_dir / "job.sbatch"
+    click.echo(f"submitted run {run_dir.name} as Slurm job {job} ({req.nodes} node(s)); script {script}")
+    click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
+    click.echo(f"  status: ftlaunch status {run_dir.name}   (queued while Slurm holds it)")
+    click.echo(f"  stop:   ftlaunch stop {run_dir.name}     (scancel)")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+def runs(as_json: bool) -> None:
+    """List every run: id, name, status, progress, started, output_dir.
+
+    \b
+    Example:
+      ftlaunch runs
+    """
+    from ftlaunch.run.view import all_runs
+
+    rows = all_runs(env_now())
+    if as_json:
+        echo_json(rows)
+        return
+    console.print(runs_table(rows))
+
+
+@click.command()
+@click.argument("run", required=False)
+@click.option("--json", "as_json", is_flag=True)
+def status(run: str | None, as_json: bool) -> None:
+    """Status of RUN (id, prefix or name; default the latest). Exit 0 succeeded, 11 running, 1 otherwise.
+
+    \b
+    Examples:
+      ftlaunch status
+      ftlaunch status nightly --json
+    """
+    from ftlaunch.run.control import resolve_run
+    from ftlaunch.run.state import RunStatus
+    from ftlaunch.run.view import run_view
+
+    view = run_view(resolve_run(env_now(), run))
+    if as_json:
+        echo_json(view)
+    else:
+        console.print(status_table(view))
+    sys.exit(RunStatus(view["status"]).exit_code())
+
+
+@click.command()
+@click.argument("run", required=False)
+@click.option("--follow", "-f", is_flag=True, help="Keep following, across restarts, until the run ends.")
+def logs(run: str | None, follow: bool) -> None:
+    """Print the log of RUN (default the latest).
+
+    \b
+    Examples:
+      ftlaunch logs
+      ftlaunch logs -f 20261130-1200
+    """
+    from ftlaunch.run.control import resolve_run
+
+    run_dir = resolve_run(env_now(), run)
+    if follow:
+        follow_log(run_dir)
+        return
+    with open(run_dir / "train.log", "rb") as f:
+        sys.stdout.buffer.write(f.read())
+
+
+@click.command()
+@click.argument("run", required=False)
+@click.option("--grace", type=float, default=30.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
+def stop(run: str | None, grace: float) -> None:
+    """Stop RUN gracefully: SIGTERM to the trainer's process group, then SIGKILL. Checkpoints stay.
+
+    \b
+    Example:
+      ftlaunch stop
+    """
+    from ftlaunch.run.control import resolve_run, stop_run
+
+    click.echo(stop_run(resolve_run(env_now(), run), grace=grace))
+
+
+@click.command()
+@click.argument("args", nargs=-1)
+@click.option("--foreground", is_flag=True, help="Run attached instead of detached.")
+@click.option(
+    "--follow/--no-follow",
+    "-f",
+    default=None,
+    help="Follow the log until the run ends [default: follow a live run, not a restarted one].",
+)
+@click.option(
+    "--allow-global-batch-change",
+    is_flag=True,
+    help="Accept overrides that change micro-batch x accumulation x world size (what is trained).",
+)
+def resume(args: tuple[str, ...], foreground: bool, follow: bool | None, allow_global_batch_change: bool) -> None:
+    """Re-attach to RUN if alive (follow its log); else restart it from its last complete checkpoint.
+
+    ARGS: [RUN] [key=value ...]. Overrides change the run's adapted config before it restarts
+    (a run that gave up, resumed by hand after a change); the global batch should stay the same.
+    While following, Ctrl-C stops following only; at the end it exits like `status`.
+
+    \b
+    Examples:
+      ftlaunch resume            # after SSH loss, a reboot or `ftlaunch stop`
+      ftlaunch resume --no-follow
+      ftlaunch resume nightly per_device_train_batch_size=1 gradient_accumulation_steps=8
+    """
+    from ftlaunch.run.control import ResumeOutcome, preview_run_edit, resolve_run, resume_run
+
+    runs = [a for a in args if "=" not in a]
+    overrides = tuple(a for a in args if "=" in a)
+    if len(runs) > 1:
+        raise click.UsageError(f"one RUN at most, got {', '.join(runs)}")
+    run_dir = resolve_run(env_now(), runs[0] if runs else None)
+    if overrides:
+        for key, before, after, note in preview_run_edit(run_dir, overrides):
+            err_console.print(f"  {key}: {before} -> {after}{f'  ({note})' if note else ''}", highlight=False)
+    resumed = resume_run(
+        run_dir,
+        env_now(),
+        foreground=foreground,
+        overrides=overrides,
+        allow_global_batch_change=allow_global_batch_change,
+    )
+    pid = resumed.pid
+    if resumed.outcome is ResumeOutcome.ALIVE:
+        if follow is False:
+            click.echo(f"run {run_dir.name} is alive (supervisor pid {pid}); follow it: ftlaunch logs -f {run_dir.name}")
+            return
+        click.echo(f"run {run_dir.name} is alive (supervisor pid {pid}); following its log (Ctrl-C stops following)")
+        follow_and_exit(run_dir, tail_lines=FOLLOW_TAIL_LINES)
+    elif resumed.outcome is ResumeOutcome.FINISHED:
+        click.echo(f"run {run_dir.name} already succeeded; nothing to do")
+    elif resumed.outcome is ResumeOutcome.FOREGROUND:
+        sys.exit(resumed.exit_code)
+    else:
+        click.echo(f"run {run_dir.name} restarted (supervisor pid {pid})")
+        if follow:
+            follow_and_exit(run_dir, tail_lines=FOLLOW_TAIL_LINES)
+        click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
