@@ -315,7 +315,7 @@ def test_health_watch_records_halts_sets_aside_and_prepares_the_rollback(tmp_pat
     assert w.feed([{"current_steps": 3, "loss": float("nan")}]) and w.halt
     assert not w.feed([{"current_steps": 4, "loss": float("nan")}])  # told once
     ev = [e for e in read_events(run_dir) if e["event"] == "diverged"]
-    assert len(ev) == 1 and ev[0]["step"] == 3 and read_state(run_dir)["health"]["health"] == "diverged"
+    assert len(ev) == 1 and ev[0]["step"] == 3 and read_state(run_dir).health["health"] == "diverged"
     assert any(">>> first bad record: diverged at step 3" in s for s in said)
     d = w.after(out, values, weights_only=False)
     assert d.action == "rollback" and d.resume_from == "checkpoint-2" and d.edits == {"learning_rate": 5e-4}

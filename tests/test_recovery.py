@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from ftlaunch.run.progress import checkpoint_problems, last_complete_checkpoint
-from ftlaunch.run.recovery import Budget, classify, decide, oom_step
-from ftlaunch.run.store import FailureKind, read_state
+from ftlaunch.run.recovery import classify, decide, oom_step
+from ftlaunch.run.state import Budget, FailureKind
+from ftlaunch.run.store import read_state
 from ftlaunch.run.supervisor import Supervisor
 
 from .fake_trainer import configs_seen, install, write_config
@@ -136,8 +137,8 @@ def test_oom_at_micro_batch_one_gives_up_quickly(tmp_path):
     code = Supervisor(run_dir, env, poll=0.05).run()
     assert code == 1 and time.monotonic() - t0 < 30
     st = read_state(run_dir)
-    assert st["status"] == "failed" and st["failure_kind"] == "cuda_oom"
-    assert "does not fit" in st["message"]
+    assert st.status == "failed" and st.failure_kind == "cuda_oom"
+    assert "does not fit" in st.message
     assert len(configs_seen(tmp_path)) == 1  # checkpointing already on (default), no offload: no retry
 
 
@@ -148,7 +149,7 @@ def test_rank_prefixed_oom_then_success_keeps_global_batch(tmp_path):
     assert [c["per_device_train_batch_size"] for c in cfgs] == [4, 2]
     assert [c["gradient_accumulation_steps"] for c in cfgs] == [2, 4]
     st = read_state(run_dir)
-    assert st["status"] == "succeeded" and st["progress"]["step"] == 4
+    assert st.status == "succeeded" and st.progress["step"] == 4
 
 
 def test_exit_137_is_a_host_oom_with_bounded_retries(tmp_path):
@@ -156,12 +157,12 @@ def test_exit_137_is_a_host_oom_with_bounded_retries(tmp_path):
     trainer_pids = []
 
     def kernel_log() -> str:  # the kernel's record of killing this attempt's trainer
-        trainer_pids.append(read_state(run_dir)["trainer_pid"])
+        trainer_pids.append(read_state(run_dir).trainer_pid)
         return f"[1.0] Out of memory: Killed process {trainer_pids[-1]} (python)"
 
     assert Supervisor(run_dir, env, poll=0.05, read_kernel_log=kernel_log).run() == 1
     st = read_state(run_dir)
-    assert st["failure_kind"] == "host_oom" and len(configs_seen(tmp_path)) == 2  # 1 + max_crash_retries
+    assert st.failure_kind == "host_oom" and len(configs_seen(tmp_path)) == 2  # 1 + max_crash_retries
     events = (run_dir / "events.jsonl").read_text()
     assert "[1/1] host OOM" in events and "OOM killer killed the trainer" in events
 
@@ -169,7 +170,7 @@ def test_exit_137_is_a_host_oom_with_bounded_retries(tmp_path):
 def test_config_error_is_not_retried(tmp_path):
     run_dir, env = make_run(tmp_path, [{"config_error": "Undefined dataset foo in dataset_info.json."}])
     assert Supervisor(run_dir, env, poll=0.05).run() == 1
-    assert read_state(run_dir)["failure_kind"] == "config_error" and len(configs_seen(tmp_path)) == 1
+    assert read_state(run_dir).failure_kind == "config_error" and len(configs_seen(tmp_path)) == 1
 
 
 def test_eval_oom_halves_eval_batch(tmp_path):
@@ -208,10 +209,10 @@ def test_a_run_that_gave_up_resumes_by_hand_after_a_change(tmp_path):
     assert Supervisor(run_dir, env, poll=0.05).run() == 1
     with pytest.raises(ConfigError, match="cutof_len"):
         resume_run(run_dir, env, foreground=True, overrides=("cutof_len=64",))
-    what, code = resume_run(run_dir, env, foreground=True, overrides=("cutoff_len=64",))
-    assert (what, code) == ("foreground", 0)
+    resumed = resume_run(run_dir, env, foreground=True, overrides=("cutoff_len=64",))
+    assert (resumed.outcome, resumed.exit_code) == ("foreground", 0)
     assert configs_seen(tmp_path)[-1]["cutoff_len"] == 64
-    assert read_state(run_dir)["status"] == "succeeded"
+    assert read_state(run_dir).status == "succeeded"
     assert "config_edited" in (run_dir / "events.jsonl").read_text()
 
 

@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 from ftlaunch.cli.main import main
 from ftlaunch.errors import StateError
-from ftlaunch.run.recovery import Budget, classify, decide, oom_numbers, oom_step
+from ftlaunch.run.recovery import classify, decide, oom_numbers, oom_step
+from ftlaunch.run.state import Budget
 from ftlaunch.run.store import find_run, read_events, read_state, update_state
 from ftlaunch.run.supervisor import Supervisor
 
@@ -81,7 +82,7 @@ def test_case1_fresh_moves_the_old_content_aside_and_deletes_nothing(tmp_path, f
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("out.old-")]
     assert len(aside) == 1 and (aside[0] / "checkpoint-4" / "optimizer.pt").exists()
     assert (aside[0] / "notes.txt").read_text() == "mine" and not old.exists()
-    assert read_state(runs(isolated_home)[0])["output_dir_moved_to"] == str(aside[0])
+    assert read_state(runs(isolated_home)[0]).output_dir_moved_to == str(aside[0])
 
 
 def test_case1_resume_existing_continues_them_and_records_it(tmp_path, fake, isolated_home):
@@ -89,7 +90,7 @@ def test_case1_resume_existing_continues_them_and_records_it(tmp_path, fake, iso
     r = train(config(tmp_path), "--resume-existing")
     assert r.exit_code == 0, r.output
     run_dir = runs(isolated_home)[0]
-    assert read_state(run_dir)["adopted_checkpoint"] == "checkpoint-4"
+    assert read_state(run_dir).adopted_checkpoint == "checkpoint-4"
     assert any(e["event"] == "output_dir_claimed" for e in read_events(run_dir))
     assert [e for e in read_events(run_dir) if e["event"] == "attempt_started"][0]["resume_from"] == "checkpoint-4"
 
@@ -103,7 +104,7 @@ def test_case1_own_unfinished_run_continues_a_succeeded_one_is_not_silently_redo
     fake({"ok": True})
     assert train(cfg).exit_code == 0  # its checkpoints are this config's: continued
     (second,) = [r for r in runs(isolated_home) if r != first]
-    assert "continuing run" in read_state(second)["adopted_because"]
+    assert "continuing run" in read_state(second).adopted_because
     r = train(cfg)  # that one succeeded: a fresh train would train nothing and say "succeeded"
     assert r.exit_code == 7 and "already succeeded" in r.output
     assert starts(tmp_path) == 2
@@ -292,7 +293,7 @@ def test_case8_secret_config_keys_never_reach_disk_in_clear(tmp_path, fake, isol
 
 def test_case9_state_of_an_unknown_version_is_refused_never_overwritten(tmp_path, fake, isolated_home):
     run_dir = _finished_run(tmp_path, fake, isolated_home)
-    future = {**read_state(run_dir), "version": 99, "budget": {"oom_max": 9}}
+    future = {**read_state(run_dir).to_json(), "version": 99, "budget": {"oom_max": 9}}
     (run_dir / "state.json").write_text(json.dumps(future))
     with pytest.raises(StateError, match="version 99"):
         update_state(run_dir, progress={"step": 1})
@@ -316,7 +317,7 @@ def test_case10_recovering_ends_once_the_trainer_passes_the_failed_step(tmp_path
 
 
 def test_case10_recovering_status_during_a_resumed_attempt(tmp_path):
-    from ftlaunch.run.store import RunStatus
+    from ftlaunch.run.state import RunStatus
 
     from .test_recovery import make_run
 
@@ -327,7 +328,7 @@ def test_case10_recovering_status_during_a_resumed_attempt(tmp_path):
     original = sup._attempt
 
     def watch(*a, **kw):
-        statuses.append(read_state(run_dir)["status"])
+        statuses.append(read_state(run_dir).status)
         return original(*a, **kw)
 
     sup._attempt = watch
@@ -338,7 +339,7 @@ def test_case10_recovering_status_during_a_resumed_attempt(tmp_path):
 
 def test_case10_a_truncated_state_keeps_the_run_findable_by_name(tmp_path, fake, isolated_home):
     run_dir = _finished_run(tmp_path, fake, isolated_home)
-    name = read_state(run_dir)["name"]
+    name = read_state(run_dir).name
     (run_dir / "state.json").write_text('{"version": 1, "na')
     assert find_run(dict(os.environ), name) == run_dir
 
@@ -354,9 +355,9 @@ def test_case2_a_stop_while_the_run_is_being_started_waits_for_its_supervisor(tm
 
     run_dir, env = make_run(tmp_path, [{"ok": True}])
     st = read_state(run_dir)
-    assert st["status"] == "starting" and not st.get("pid")
-    assert _wait_while_starting(run_dir, st, env).get("pid") is None  # nobody is starting it: no wait
-    lock = acquire_output_lock(env, st["output_dir"], run_dir.name)  # a `resume` in the middle of starting
+    assert st.status == "starting" and not st.pid
+    assert _wait_while_starting(run_dir, st, env).pid is None  # nobody is starting it: no wait
+    lock = acquire_output_lock(env, st.output_dir, run_dir.name)  # a `resume` in the middle of starting
 
     def supervisor_takes_over():
         time.sleep(0.3)
@@ -364,7 +365,7 @@ def test_case2_a_stop_while_the_run_is_being_started_waits_for_its_supervisor(tm
         lock.close()
 
     threading.Thread(target=supervisor_takes_over).start()
-    assert _wait_while_starting(run_dir, st, env)["pid"] == os.getpid()  # a stop now reaches that pid
+    assert _wait_while_starting(run_dir, st, env).pid == os.getpid()  # a stop now reaches that pid
 
 
 def test_the_latest_run_is_the_last_created_even_within_one_second(tmp_path, isolated_home):

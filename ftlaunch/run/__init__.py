@@ -1,6 +1,7 @@
 """ftlaunch.run: one run's life (floor 3): prepare, create, supervise, recover, observe, stop, resume.
 
-Owns the run store (store: one directory per run, versioned state, events), preparing a plan for a
+Owns the run's typed state (state: RunState, RunStatus, FailureKind, Budget), the run store (store:
+one directory per run, state.json read and written atomically, events), preparing a plan for a
 run (prepare), claiming the output_dir (outdir), the one launch use case (launch.start_run, used by
 `train` and `schedule run`; launch.supervise, used by `resume` too), the supervisor and its
 decisions (supervisor, recovery, health, rollback), reading what the trainer writes (progress),

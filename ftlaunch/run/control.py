@@ -6,11 +6,13 @@ import os
 import signal
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import BusyError, ConfigError, StateError, StateVersionError
-from ftlaunch.files import now_iso, write_json_atomic
+from ftlaunch.files import now_iso
 from ftlaunch.plan.config import (
     dump_yaml,
     split_secrets,
@@ -18,15 +20,8 @@ from ftlaunch.plan.config import (
 from ftlaunch.run import progress as prog
 from ftlaunch.run.launch import supervise
 from ftlaunch.run.procs import Liveness, liveness, terminate_group
-from ftlaunch.run.store import (
-    STATE_VERSION,
-    RunStatus,
-    append_event,
-    find_run,
-    read_state,
-    update_state,
-    write_secrets,
-)
+from ftlaunch.run.state import RunState, RunStatus
+from ftlaunch.run.store import append_event, find_run, read_state, update_state, write_secrets, write_state
 from ftlaunch.run.trainer import find_trainer
 
 
@@ -41,11 +36,11 @@ def _stop_slurm_job(run_dir: Path, job: str, grace: float) -> str | None:
     slurm.cancel(job, os.environ)
     append_event(run_dir, "scancel", job_id=job, slurm_state=job_state)
     if job_state in slurm.QUEUED_STATES:
-        update_state(run_dir, status=RunStatus.STOPPED.value, ended=time.time(), message="cancelled while queued")
+        update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="cancelled while queued")
         return f"run {run_dir.name}: Slurm job {job} cancelled while {job_state.lower()}"
     deadline = time.monotonic() + grace + 30
     while time.monotonic() < deadline:
-        if RunStatus(_state_or_empty(run_dir).get("status", "lost")).is_terminal():
+        if _status_now(run_dir).is_terminal():
             return f"run {run_dir.name} stopped (Slurm job {job} cancelled)"
         time.sleep(0.2)
     return f"run {run_dir.name}: Slurm job {job} cancelled; its supervisor has not recorded the stop yet"
@@ -57,64 +52,84 @@ def stop_run(run_dir: Path, grace: float = 30.0, env: Mapping[str, str] | None =
     Liveness decides, and a live supervisor is always the one told: a trainer signalled behind its
     supervisor's back would count as a crash and be restarted."""
     state = _wait_while_starting(run_dir, read_state(run_dir), os.environ if env is None else env)
-    if state.get("slurm_job_id"):
-        said = _stop_slurm_job(run_dir, str(state["slurm_job_id"]), grace)
+    if state.slurm_job_id:
+        said = _stop_slurm_job(run_dir, state.slurm_job_id, grace)
         if said:
             return said
-    status = RunStatus(state.get("status", "lost"))
-    pid, started = state.get("pid"), state.get("pid_start")
+    status = state.status
+    pid, started = state.pid, state.pid_start
     live = liveness(pid, started)
-    if status.is_terminal() and (live is not Liveness.DEAD or state.get("trainer_pid") is None):
+    if status.is_terminal() and (live is not Liveness.DEAD or state.trainer_pid is None):
         # A terminal status is the supervisor's last write: nothing of the run is left to stop
         # (a foreground supervisor's process may live on; it is not ours to signal).
         return f"run {run_dir.name} already {status.value}"
     if live is Liveness.UNKNOWN:
         return f"run {run_dir.name}: cannot tell whether pid {pid} is ours; not touching it"
-    if live is Liveness.ALIVE:
+    if live is Liveness.ALIVE and pid is not None:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace + 10
         while liveness(pid, started) is Liveness.ALIVE:
-            if RunStatus(_state_or_empty(run_dir).get("status", "lost")).is_terminal():
+            if _status_now(run_dir).is_terminal():
                 return f"run {run_dir.name} stopped"
             if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)
                 break
             time.sleep(0.1)
     # The supervisor is gone; its trainer may be an orphan still holding the GPU.
-    if liveness(state.get("trainer_pid"), state.get("trainer_start")) is Liveness.ALIVE:
-        terminate_group(state["trainer_pid"], grace=grace)
-    if not RunStatus(_state_or_empty(run_dir).get("status", "lost")).is_terminal():
-        update_state(run_dir, status=RunStatus.STOPPED.value, ended=time.time(), message="stopped by the user")
+    if state.trainer_pid is not None and liveness(state.trainer_pid, state.trainer_start) is Liveness.ALIVE:
+        terminate_group(state.trainer_pid, grace=grace)
+    if not _status_now(run_dir).is_terminal():
+        update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="stopped by the user")
         append_event(run_dir, "stopped", message="supervisor was gone; trainer stopped directly")
     return f"run {run_dir.name} stopped"
 
 
-def _wait_while_starting(run_dir: Path, state: dict[str, Any], env: Mapping[str, str], wait: float = 60.0) -> dict:
+def _wait_while_starting(run_dir: Path, state: RunState, env: Mapping[str, str], wait: float = 60.0) -> RunState:
     """A run whose starter holds its output_dir lock but whose supervisor has not written its pid yet
     (between `train`/`resume` and "started"): wait for the pid, so the stop reaches the supervisor
     instead of being recorded and then overwritten by it."""
     from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock
 
     deadline = time.monotonic() + wait
-    while state.get("status") == RunStatus.STARTING.value and not state.get("pid") and time.monotonic() < deadline:
+    while state.status is RunStatus.STARTING and not state.pid and time.monotonic() < deadline:
         try:
-            acquire_output_lock(env, str(state.get("output_dir") or ""), "stop").close()
+            acquire_output_lock(env, state.output_dir or "", "stop").close()
             return state  # nobody is starting it
         except OutputDirBusy:
             time.sleep(0.1)
-            state = _state_or_empty(run_dir) or state
+            state = _state_or_none(run_dir) or state
     return state
 
 
-def _state_or_empty(run_dir: Path) -> dict[str, Any]:
+def _state_or_none(run_dir: Path) -> RunState | None:
     try:
         return read_state(run_dir)
     except StateError:
-        return {}
+        return None
+
+
+def _status_now(run_dir: Path) -> RunStatus:
+    """The recorded status, LOST while state.json cannot be read (a stop polls it)."""
+    state = _state_or_none(run_dir)
+    return state.status if state is not None else RunStatus.LOST
 
 
 def resolve_run(env: Mapping[str, str], ref: str | None) -> Path:
     return find_run(env, ref)
+
+
+class ResumeOutcome(StrEnum):
+    ALIVE = "alive"  # its supervisor lives: nothing restarted (``pid``: the supervisor's)
+    FINISHED = "finished"  # it succeeded: nothing to do
+    RESTARTED = "restarted"  # a new detached supervisor (``pid``)
+    FOREGROUND = "foreground"  # restarted and run to its end here (``exit_code``)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    outcome: ResumeOutcome
+    pid: int | None = None
+    exit_code: int | None = None
 
 
 def resume_run(
@@ -124,7 +139,7 @@ def resume_run(
     foreground: bool = False,
     overrides: tuple[str, ...] = (),
     allow_global_batch_change: bool = False,
-) -> tuple[str, int]:
+) -> Resumed:
     """Re-attach if alive; restart from the last complete checkpoint if the run died.
 
     ``overrides`` (key=value) edit the run's adapted config first; refused while the run is alive.
@@ -142,7 +157,7 @@ def resume_run(
     verdict = _resume_verdict(run_dir, state, overrides)
     if verdict is not None:
         return verdict
-    output_dir = str(state.get("output_dir") or "")
+    output_dir = state.output_dir or ""
     try:
         lock = acquire_output_lock(env, output_dir, run_dir.name)
     except OutputDirBusy as exc:
@@ -157,25 +172,25 @@ def resume_run(
         verdict = _resume_verdict(run_dir, state, overrides)
         if verdict is not None:
             return verdict
-        status = RunStatus(state.get("status", "lost"))
-        if liveness(state.get("trainer_pid"), state.get("trainer_start")) is not Liveness.DEAD:
-            terminate_group(state["trainer_pid"], grace=30)  # an orphan from a killed supervisor
+        status = state.status
+        if state.trainer_pid is not None and liveness(state.trainer_pid, state.trainer_start) is not Liveness.DEAD:
+            terminate_group(state.trainer_pid, grace=30)  # an orphan from a killed supervisor
         if overrides:
             edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
-        out = Path(state.get("output_dir") or "")
+        out = Path(state.output_dir or "")
         last = prog.last_complete_checkpoint(out)
         if overrides and last is not None:
             _rewrite_checkpoint_lr(run_dir, env, out, last[1].name, overrides)
         # A run that gave up gets a fresh budget: the user changed something, or wants another go.
-        b = dict(state.get("budget") or {})
-        b.update({"oom_used": 0, "crash_used": 0, "tried": []})
-        update_state(run_dir, status=RunStatus.STARTING.value, budget=b, pid=None, trainer_pid=None)
+        update_state(run_dir, status=RunStatus.STARTING, budget=state.budget.refilled(), pid=None, trainer_pid=None)
         append_event(run_dir, "resumed", previous=status.value, from_checkpoint=last[1].name if last else None)
     except BaseException:
         lock.close()
         raise
     started = supervise(run_dir, env, lock, foreground=foreground)
-    return ("foreground", started.exit_code) if foreground else ("restarted", started.pid)
+    if foreground:
+        return Resumed(ResumeOutcome.FOREGROUND, exit_code=started.exit_code)
+    return Resumed(ResumeOutcome.RESTARTED, pid=started.pid)
 
 
 def _rewrite_checkpoint_lr(
@@ -199,10 +214,10 @@ def _rewrite_checkpoint_lr(
         )
 
 
-def _resume_verdict(run_dir: Path, state: dict[str, Any], overrides: tuple[str, ...]) -> tuple[str, int] | None:
-    """("alive", pid) or ("finished", 0) when there is nothing to restart; None to restart."""
-    status = RunStatus(state.get("status", "lost"))
-    live = liveness(state.get("pid"), state.get("pid_start"))
+def _resume_verdict(run_dir: Path, state: RunState, overrides: tuple[str, ...]) -> Resumed | None:
+    """Alive or finished when there is nothing to restart; None to restart."""
+    status = state.status
+    live = liveness(state.pid, state.pid_start)
     # A terminal status is written by the supervisor as its last act: its pid no longer matters
     # (a foreground run's "supervisor" was the ftlaunch process itself, which may live on).
     if not status.is_terminal() and live in (Liveness.ALIVE, Liveness.UNKNOWN):
@@ -211,9 +226,9 @@ def _resume_verdict(run_dir: Path, state: dict[str, Any], overrides: tuple[str, 
                 f"run {run_dir.name} is alive: its config cannot change under it",
                 hint=f"stop it first (`ftlaunch stop {run_dir.name}`), then resume with the change",
             )
-        return "alive", int(state.get("pid") or 0)
+        return Resumed(ResumeOutcome.ALIVE, pid=int(state.pid or 0))
     if status is RunStatus.SUCCEEDED:
-        return "finished", 0
+        return Resumed(ResumeOutcome.FINISHED, exit_code=0)
     return None
 
 
@@ -247,7 +262,8 @@ def preview_run_edit(run_dir: Path, overrides: tuple[str, ...]) -> list[tuple[st
         (k, "***" if is_secret_key(k) else config.get(k), "***" if is_secret_key(k) else v, "")
         for k, v in values.items()
     ]
-    world = int(_state_or_empty(run_dir).get("world_size") or 1)
+    state = _state_or_none(run_dir)
+    world = int((state.world_size if state else None) or 1)
     if moved := global_batch_change(config, values, world):
         rows.append(("global batch", moved[0], moved[1], "micro-batch x accumulation x world size"))
     return rows
@@ -295,7 +311,7 @@ def edit_run_config(
     return config
 
 
-def rebuild_state(run_dir: Path) -> dict[str, Any]:
+def rebuild_state(run_dir: Path) -> RunState:
     """state.json lost or corrupt: rebuild enough of it from config.yaml to resume."""
     import yaml
 
@@ -306,17 +322,17 @@ def rebuild_state(run_dir: Path) -> dict[str, Any]:
     bad = run_dir / "state.json"
     if bad.exists():
         bad.rename(run_dir / f"state.json.corrupt-{int(time.time())}")
-    state = {
-        "version": STATE_VERSION,
-        "id": run_dir.name,
-        "name": Path(str(values.get("output_dir", run_dir.name))).name,
-        "status": RunStatus.LOST.value,
-        "attempt": 0,
-        "output_dir": values.get("output_dir"),
-        "run_dir": str(run_dir),
-        "recover": True,
-        "rebuilt": now_iso(),
-    }
-    write_json_atomic(run_dir / "state.json", state)
+    output_dir = values.get("output_dir")
+    state = RunState(
+        id=run_dir.name,
+        name=Path(str(values.get("output_dir", run_dir.name))).name,
+        status=RunStatus.LOST,
+        attempt=0,
+        output_dir=None if output_dir is None else str(output_dir),
+        run_dir=str(run_dir),
+        recover=True,
+        rebuilt=now_iso(),
+    )
+    write_state(run_dir, state)
     append_event(run_dir, "state_rebuilt")
     return state

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ftlaunch.errors import BusyError, StateError
-from ftlaunch.files import now_iso, to_json, write_json_atomic
+from ftlaunch.files import now_iso, to_json
 from ftlaunch.plan.config import (
     LoadedConfig,
     dump_yaml,
@@ -26,15 +26,8 @@ from ftlaunch.plan.render import plan_text
 from ftlaunch.run.outdir import Existing, claim_output_dir, home_problem
 from ftlaunch.run.prepare import PlanRequest
 from ftlaunch.run.procs import spawn_detached
-from ftlaunch.run.store import (
-    STATE_VERSION,
-    RunStatus,
-    append_event,
-    new_run_id,
-    read_state,
-    runs_root,
-    write_secrets,
-)
+from ftlaunch.run.state import Budget, RunState, RunStatus
+from ftlaunch.run.store import append_event, new_run_id, read_state, runs_root, write_secrets, write_state
 from ftlaunch.run.trainer import find_trainer, public_env
 
 
@@ -83,40 +76,41 @@ def create_run(
         (tmp / "hardware.json").write_text(to_json(p.hardware.to_dict()))
         (tmp / "train.log").touch()
         output_dir = str(p.config.get("output_dir", ""))
-        state = {
-            "version": STATE_VERSION,
-            "id": run_id,
-            "name": name or Path(output_dir).name or run_id,
-            "status": RunStatus.STARTING.value,
-            "created": now_iso(),
-            "attempt": 0,
-            "source_config": str(loaded.source_path),
-            "overrides": [redact_secret_text(o, secrets) for o in loaded.overrides],
-            "base_dir": str(loaded.base_dir),
-            "output_dir": output_dir,
-            "run_dir": str(root / run_id),
-            "gpu_model": p.hardware.gpu_model,
-            "gpu_count": p.hardware.gpu_count,
-            "world_size": p.world_size,
-            "global_batch": p.global_batch_target,
-            "micro_batch": p.micro_batch,
-            "accumulation": p.accumulation,
-            "recover": recover,
-            "on_diverge": on_diverge,  # numeric health policy (ftlaunch.run.health)
-            "budget": {"oom_max": max_retries, "crash_max": max_crash_retries, "oom_used": 0, "crash_used": 0},
-            "trainer_env": dict(public_env({**p.env, **(trainer_env or {})})),
-            "memory_key": config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target),
-            "predicted_peak_gib": (p.memory or {}).get("peak_gib") if p.hardware.gpus else None,
-            **dict(extra_state or {}),
-        }
-        write_json_atomic(tmp / "state.json", state)
+        extra = dict(extra_state or {})
+        state = RunState(
+            id=run_id,
+            name=name or Path(output_dir).name or run_id,
+            status=RunStatus.STARTING,
+            created=now_iso(),
+            attempt=0,
+            source_config=str(loaded.source_path),
+            overrides=tuple(redact_secret_text(o, secrets) for o in loaded.overrides),
+            base_dir=str(loaded.base_dir),
+            output_dir=output_dir,
+            run_dir=str(root / run_id),
+            gpu_model=p.hardware.gpu_model,
+            gpu_count=p.hardware.gpu_count,
+            world_size=p.world_size,
+            global_batch=p.global_batch_target,
+            micro_batch=p.micro_batch,
+            accumulation=p.accumulation,
+            recover=recover,
+            on_diverge=on_diverge,
+            budget=Budget(oom_max=max_retries, crash_max=max_crash_retries),
+            trainer_env=dict(public_env({**p.env, **(trainer_env or {})})),
+            memory_key=config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target),
+            predicted_peak_gib=(p.memory or {}).get("peak_gib") if p.hardware.gpus else None,
+        )
+        # What `train` found in the output_dir, the schedule that started it: state fields too.
+        state = RunState.from_json({**state.to_json(), **extra})
+        write_state(tmp, state)
         (tmp / "events.jsonl").write_text("")
         os.replace(tmp, root / run_id)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     run_dir = root / run_id
-    append_event(run_dir, "created", name=state["name"], changes=len(p.changes))
+    append_event(run_dir, "created", name=state.name, changes=len(p.changes))
     return run_dir
 
 
@@ -163,10 +157,10 @@ def start_detached(run_dir: Path, env: Mapping[str, str], wait: float = 60.0, lo
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
-            st = read_state(run_dir)
+            pid = read_state(run_dir).pid
         except StateError:
-            st = {}
-        if st.get("pid") == proc.pid:
+            pid = None
+        if pid == proc.pid:
             break
         if proc.poll() is not None:
             if proc.returncode == 0:

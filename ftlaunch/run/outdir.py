@@ -19,11 +19,8 @@ from ftlaunch.plan.config import (
 from ftlaunch.plan.memory.store import config_key
 from ftlaunch.plan.planner import Plan
 from ftlaunch.run import progress as prog
-from ftlaunch.run.store import (
-    RunStatus,
-    read_state,
-    runs_root,
-)
+from ftlaunch.run.state import RunState, RunStatus
+from ftlaunch.run.store import read_state, runs_root
 
 
 class Existing(StrEnum):
@@ -35,7 +32,7 @@ class Existing(StrEnum):
 
 
 def output_dir_verdict(
-    output_dir: str, checkpoints: list[str], owners: list[dict[str, Any]], key: str, mode: Existing
+    output_dir: str, checkpoints: list[str], owners: list[RunState], key: str, mode: Existing
 ) -> tuple[str, str]:
     """Pure: what a new run does with an output_dir: ("use" | "continue" | "adopt" | "fresh", why).
 
@@ -50,12 +47,12 @@ def output_dir_verdict(
     if mode is Existing.RESUME:
         return "adopt", f"--resume-existing: continuing {checkpoints[-1]}"
     mine = owners[-1] if owners else None
-    if mine and mine.get("memory_key") == key and mine.get("status") != RunStatus.SUCCEEDED.value:
-        return "continue", f"continuing run {mine.get('id')} of this config from {checkpoints[-1]}"
-    if mine and mine.get("memory_key") == key:
-        why = f"run {mine.get('id')} of this config already succeeded there"
+    if mine and mine.memory_key == key and mine.status is not RunStatus.SUCCEEDED:
+        return "continue", f"continuing run {mine.id} of this config from {checkpoints[-1]}"
+    if mine and mine.memory_key == key:
+        why = f"run {mine.id} of this config already succeeded there"
     elif mine:
-        why = f"run {mine.get('id')} of another config left them"
+        why = f"run {mine.id} of another config left them"
     else:
         why = "no ftlaunch run left them"
     raise BusyError(
@@ -113,9 +110,9 @@ def claim_output_dir(
                 st = read_state(run_dir)
             except StateError:
                 continue
-            if st.get("output_dir") and os.path.abspath(st["output_dir"]) == os.path.abspath(output_dir):
+            if st.output_dir and os.path.abspath(st.output_dir) == os.path.abspath(output_dir):
                 owners.append(st)
-        owners.sort(key=lambda st: str(st.get("created") or ""))  # ids of one second sort at random
+        owners.sort(key=lambda st: st.created or "")  # ids of one second sort at random
         key = config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target)
         verdict, why = output_dir_verdict(output_dir, checkpoints, owners, key, existing)
         record: dict[str, Any] = {}

@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from ftlaunch.plan.offload import ZERO3_OFFLOAD
-from ftlaunch.run.store import FailureKind
+from ftlaunch.run.state import Budget, FailureKind
 
 # Torchrun prefixes child lines with "[rank0]:"; we search the whole attempt's log.
 _CUDA_OOM = re.compile(
@@ -131,37 +132,18 @@ def oom_numbers(text: str) -> dict[str, float]:
     return {"tried_gib": tried, "free_gib": free, "total_gib": total}
 
 
-@dataclass(frozen=True)
-class Budget:
-    """Retries left. ``tried``: the distinct configurations that ran out of memory since the last
-    progress (a new checkpoint empties it); the OOM budget counts them, not the halvings."""
+class Action(StrEnum):
+    """What the supervisor does after an attempt ended."""
 
-    oom_max: int = 4
-    crash_max: int = 2
-    oom_used: int = 0
-    crash_used: int = 0
-    tried: tuple[str, ...] = ()
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Budget:
-        return cls(
-            oom_max=int(d.get("oom_max", 4)),
-            crash_max=int(d.get("crash_max", 2)),
-            oom_used=int(d.get("oom_used", 0)),
-            crash_used=int(d.get("crash_used", 0)),
-            tried=tuple(str(t) for t in d.get("tried") or ()),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **{k: getattr(self, k) for k in ("oom_max", "crash_max", "oom_used", "crash_used")},
-            "tried": list(self.tried),
-        }
+    SUCCEED = "succeed"
+    RETRY = "retry"
+    FAIL = "fail"
+    STOP = "stop"
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "succeed" | "retry" | "fail" | "stop"
+    action: Action
     message: str
     edits: dict[str, Any] = field(default_factory=dict)  # config changes for the next attempt
     budget: Budget = Budget()
@@ -257,13 +239,13 @@ def decide(
 ) -> Decision:
     """Decide after an attempt ended. ``progressed``: a new checkpoint landed during it."""
     if ex.kind is None:
-        return Decision("succeed", "training finished", budget=budget)
+        return Decision(Action.SUCCEED, "training finished", budget=budget)
     if ex.kind is FailureKind.STOPPED:
-        return Decision("stop", "stopped by the user; resume with `ftlaunch resume`", budget=budget)
+        return Decision(Action.STOP, "stopped by the user; resume with `ftlaunch resume`", budget=budget)
     if ex.kind in (FailureKind.CONFIG, FailureKind.SETUP):
-        return Decision("fail", f"{ex.message} (a config error: not retried)", budget=budget)
+        return Decision(Action.FAIL, f"{ex.message} (a config error: not retried)", budget=budget)
     if not recover:
-        return Decision("fail", f"{ex.message} (recovery off)", budget=budget)
+        return Decision(Action.FAIL, f"{ex.message} (recovery off)", budget=budget)
     where = f" at step {step}" if step is not None else ""
     origin = f"from {resume_from}" if resume_from else "from the start (no complete checkpoint yet)"
     if ex.kind in (FailureKind.CUDA_OOM, FailureKind.EVAL_OOM):
@@ -276,7 +258,7 @@ def decide(
         if ex.kind is FailureKind.EVAL_OOM:
             ev = int(config.get("per_device_eval_batch_size", 8) or 8)
             if ev <= 1:
-                return Decision("fail", "OOM during evaluation at eval batch 1: giving up", budget=spent)
+                return Decision(Action.FAIL, "OOM during evaluation at eval batch 1: giving up", budget=spent)
             smaller = max(1, ev // 2) if retries_left > 1 else 1
             edits, what = {"per_device_eval_batch_size": smaller}, f"eval batch {smaller}"
         else:
@@ -284,7 +266,7 @@ def decide(
             if step_ is None:
                 have = "gradient checkpointing on" + (" and ZeRO-3 CPU offload" if config.get("deepspeed") else "")
                 return Decision(
-                    "fail",
+                    Action.FAIL,
                     f"out of memory at micro-batch 1 with {have}: this config does not fit this card"
                     + next_to_try(config, offload_ok),
                     budget=spent,
@@ -294,10 +276,10 @@ def decide(
         label = "OOM in evaluation" if ex.kind is FailureKind.EVAL_OOM else "OOM"
         count = f"[{n}/{budget.oom_max}]" if n <= budget.oom_max else f"[{n}/{budget.oom_max}, bottom of the ladder]"
         msg = f"{count} {label}{where} (micro-batch {micro}): retrying with {what} {origin}"
-        return Decision("retry", msg, edits, spent)
+        return Decision(Action.RETRY, msg, edits, spent)
     n = budget.crash_used + 1
     if n > budget.crash_max:
-        return Decision("fail", f"{ex.message}: crashed {budget.crash_max + 1} times, giving up", budget=budget)
+        return Decision(Action.FAIL, f"{ex.message}: crashed {budget.crash_max + 1} times, giving up", budget=budget)
     label = "host OOM" if ex.kind is FailureKind.HOST_OOM else "crash"
     msg = f"[{n}/{budget.crash_max}] {label}{where} ({ex.message}): retrying with the same config {origin}"
-    return Decision("retry", msg, {}, Budget(budget.oom_max, budget.crash_max, budget.oom_used, n))
+    return Decision(Action.RETRY, msg, {}, Budget(budget.oom_max, budget.crash_max, budget.oom_used, n))

@@ -197,8 +197,7 @@ class HealthWatch:
 
     def __init__(self, run_dir: Path, values: Mapping[str, Any], env: Mapping[str, str], say: Callable[[str], None]):
         self.run_dir = run_dir
-        state = read_state(run_dir)
-        self.policy = OnDiverge(state.get("on_diverge") or OnDiverge.ROLLBACK.value)
+        self.policy = read_state(run_dir).on_diverge or OnDiverge.ROLLBACK
         self.env = env
         self.say = say
         try:

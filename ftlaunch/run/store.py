@@ -22,43 +22,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import RunNotFoundError, StateError, StateVersionError
 from ftlaunch.files import home, now_iso, write_json_atomic
-
-STATE_VERSION = 1
-
-
-class RunStatus(StrEnum):
-    QUEUED = "queued"  # a Slurm job waiting for its allocation (first start or requeued)
-    STARTING = "starting"
-    RUNNING = "running"
-    RECOVERING = "recovering"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    LOST = "lost"  # the supervisor died without recording an end (reboot, SIGKILL)
-    DIVERGED = "diverged"  # numeric health: non-finite or spiking loss, rollbacks spent (ftlaunch.run.health)
-
-    def is_terminal(self) -> bool:
-        return self in {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.LOST, RunStatus.DIVERGED}
-
-    def is_failed(self) -> bool:
-        return self in {RunStatus.FAILED, RunStatus.LOST, RunStatus.DIVERGED}
-
-
-class FailureKind(StrEnum):
-    CONFIG = "config_error"  # deterministic: never retried
-    SETUP = "setup_error"  # trainer missing, cannot start
-    CUDA_OOM = "cuda_oom"
-    EVAL_OOM = "eval_oom"
-    HOST_OOM = "host_oom"
-    CRASH = "crash"
-    DIVERGED = "diverged"  # numeric health, see ftlaunch.run.health
-    STOPPED = "stopped_by_user"
+from ftlaunch.run.state import RunState
 
 
 def runs_root(env: Mapping[str, str]) -> Path:
@@ -124,7 +93,7 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def read_state(run_dir: Path) -> dict[str, Any]:
+def read_state(run_dir: Path) -> RunState:
     path = run_dir / "state.json"
     hint = f"the run can still be resumed from its output_dir: ftlaunch resume {run_dir.name}"
     try:
@@ -135,13 +104,17 @@ def read_state(run_dir: Path) -> dict[str, Any]:
         raise StateError(f"run {run_dir.name}: state.json is unreadable ({exc})", hint=hint) from None
     if not isinstance(data, dict):
         raise StateError(f"run {run_dir.name}: state.json does not hold an object", hint=hint)
-    if data.get("version") != STATE_VERSION:
-        raise StateVersionError(
-            f"run {run_dir.name}: state.json has version {data.get('version')!r}, "
-            f"this ftlaunch reads version {STATE_VERSION}; not touching it",
-            hint="use the ftlaunch version that made the run",
-        )
-    return data
+    try:
+        return RunState.from_json(data, where=f"run {run_dir.name}: state.json")
+    except StateVersionError:
+        raise
+    except StateError as exc:
+        raise StateError(exc.message, hint=hint) from None
+
+
+def write_state(run_dir: Path, state: RunState) -> None:
+    """Replace state.json with ``state`` (atomically; a run being created writes its first one)."""
+    write_json_atomic(run_dir / "state.json", state.to_json())
 
 
 @contextmanager
@@ -155,20 +128,20 @@ def state_lock(run_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def update_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
-    """Merge ``fields`` into state.json atomically. A state this ftlaunch cannot read (corrupt, or of
-    another version) is refused with StateError, never overwritten: it still holds the status, the
-    output_dir and the retry budget. Only a missing state.json is started afresh."""
+def update_state(run_dir: Path, **changes: Any) -> RunState:
+    """Apply ``changes`` (RunState fields) to state.json atomically, under the state lock; returns the
+    new state. A state this ftlaunch cannot read (corrupt, or of another version) is refused with
+    StateError, never overwritten: it still holds the status, the output_dir and the retry budget.
+    Only a missing state.json is started afresh."""
     with state_lock(run_dir):
         try:
             state = read_state(run_dir)
         except StateError:
             if (run_dir / "state.json").exists():
                 raise
-            state = {"version": STATE_VERSION, "id": run_dir.name}
-        state.update(fields)
-        state["updated"] = now_iso()
-        write_json_atomic(run_dir / "state.json", state)
+            state = RunState(id=run_dir.name)
+        state = state.changed(**changes, updated=now_iso())
+        write_state(run_dir, state)
     return state
 
 
@@ -216,7 +189,7 @@ def find_run(env: Mapping[str, str], ref: str | None) -> Path:
 def run_name(run_dir: Path) -> str | None:
     """A run's name from its state, else from its "created" event (state.json damaged or gone)."""
     try:
-        return read_state(run_dir).get("name")
+        return read_state(run_dir).name
     except StateError:
         pass
     for ev in read_events(run_dir):

@@ -31,12 +31,15 @@ from ftlaunch.plan.offload import materialize
 from ftlaunch.run import progress as prog
 from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
 from ftlaunch.run.procs import start_time
-from ftlaunch.run.recovery import Budget, Exit, classify, decide
+from ftlaunch.run.recovery import Action, Exit, classify, decide
 from ftlaunch.run.rollback import HealthWatch
-from ftlaunch.run.store import FailureKind, RunStatus, append_event, read_secrets, read_state, update_state
+from ftlaunch.run.state import Budget, FailureKind, RunStatus
+from ftlaunch.run.store import append_event, read_secrets, read_state, update_state
 from ftlaunch.run.trainer import find_trainer, redact, trainer_command, trainer_env
 
 STOPPED_EXIT = 130
+# How a recovery decision that is not a retry ends the run.
+_ENDS = {Action.SUCCEED: RunStatus.SUCCEEDED, Action.STOP: RunStatus.STOPPED, Action.FAIL: RunStatus.FAILED}
 
 
 # ---------------------------------------------------------------- output_dir lock
@@ -106,8 +109,7 @@ class Supervisor:
                 signal.signal(sig, handler)
 
     def _run(self) -> int:
-        state = read_state(self.run_dir)
-        if RunStatus(state["status"]) is RunStatus.SUCCEEDED:
+        if read_state(self.run_dir).status is RunStatus.SUCCEEDED:
             if self.lock is not None:
                 self.lock.close()
             return 0
@@ -119,12 +121,12 @@ class Supervisor:
             # Held under this run's own id: another supervisor of this very run is live; its state is
             # not ours to touch. Held by another run: this one never started.
             if exc.holder != self.run_dir.name:
-                update_state(self.run_dir, status=RunStatus.FAILED.value, failure_kind="busy", message=str(exc))
-                append_event(self.run_dir, "failed", kind="busy", message=str(exc))
+                update_state(self.run_dir, status=RunStatus.FAILED, failure_kind=FailureKind.BUSY, message=str(exc))
+                append_event(self.run_dir, "failed", kind=FailureKind.BUSY.value, message=str(exc))
             raise
         update_state(
             self.run_dir,
-            status=RunStatus.STARTING.value,
+            status=RunStatus.STARTING,
             pid=os.getpid(),
             pid_start=start_time(os.getpid()),
             ended=None,
@@ -137,18 +139,17 @@ class Supervisor:
 
     def _loop(self, values: dict[str, Any], header: dict[str, Any], output_dir: str) -> int:
         state = read_state(self.run_dir)
-        b = state.get("budget") or {}
-        budget = Budget.from_dict(b)
-        recover = bool(state.get("recover", True))
-        attempt = int(state.get("attempt", 0))
-        extra_env = dict(state.get("trainer_env") or {})
+        budget = state.budget
+        recover = state.recover
+        attempt = state.attempt
+        extra_env = dict(state.trainer_env or {})
         weights_only = bool(values.get("save_only_model"))
         self.watch = HealthWatch(self.run_dir, values, self.env, self._say)
         while True:
             if self.stop_signal is not None:  # stopped before (or between) attempts: start nothing
                 stopped = Exit(FailureKind.STOPPED, "stopped by the user")
                 return self._finish(
-                    "stop", stopped, 0, "stopped by the user; resume with `ftlaunch resume`", values, budget
+                    RunStatus.STOPPED, stopped, 0, "stopped by the user; resume with `ftlaunch resume`", values, budget
                 )
             attempt += 1
             out = Path(output_dir)
@@ -157,12 +158,12 @@ class Supervisor:
             resume_from = last[1].name if last else None
             status = RunStatus.RUNNING if attempt == 1 else RunStatus.RECOVERING
             # A later attempt is "recovering" until the trainer passes the furthest step seen before.
-            recover_until = int((read_state(self.run_dir).get("progress") or {}).get("step") or 0)
+            recover_until = int((read_state(self.run_dir).progress or {}).get("step") or 0)
             update_state(
                 self.run_dir,
-                status=status.value,
+                status=status,
                 attempt=attempt,
-                budget=budget.to_dict(),
+                budget=budget,
                 micro_batch=values.get("per_device_train_batch_size"),
                 accumulation=values.get("gradient_accumulation_steps"),
                 resume_from=resume_from,
@@ -188,10 +189,10 @@ class Supervisor:
                 continue
             if health is not None:
                 ex = Exit(FailureKind.DIVERGED, health.message)
-                return self._finish("diverged", ex, rc, health.message, values, budget)
+                return self._finish(RunStatus.DIVERGED, ex, rc, health.message, values, budget)
             ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
             if ex.kind is FailureKind.HOST_OOM:
-                ex = with_kernel_evidence(ex, read_state(self.run_dir).get("trainer_pid"), self.read_kernel_log)
+                ex = with_kernel_evidence(ex, read_state(self.run_dir).trainer_pid, self.read_kernel_log)
             append_event(
                 self.run_dir,
                 "exited",
@@ -201,7 +202,7 @@ class Supervisor:
                 message=ex.message,
                 step=step,
             )
-            offload_ok = importlib.util.find_spec("deepspeed") is not None and bool(state.get("gpu_count", 0))
+            offload_ok = importlib.util.find_spec("deepspeed") is not None and bool(state.gpu_count)
             last = prog.last_complete_checkpoint(out, weights_only)
             d = decide(
                 ex,
@@ -214,7 +215,7 @@ class Supervisor:
                 resume_from=last[1].name if last else None,
             )
             budget = d.budget
-            if d.action == "retry":
+            if d.action is Action.RETRY:
                 for key, decided in d.edits.items():
                     values[key], launch_env = materialize(decided)
                     extra_env.update(launch_env)
@@ -222,47 +223,47 @@ class Supervisor:
                 append_event(self.run_dir, "retry", attempt=attempt, message=d.message, edits=d.edits)
                 update_state(
                     self.run_dir,
-                    status=RunStatus.RECOVERING.value,
+                    status=RunStatus.RECOVERING,
                     message=d.message,
-                    budget=budget.to_dict(),
+                    budget=budget,
                     trainer_env=extra_env,
-                    last_failure=ex.kind.value if ex.kind else None,
+                    last_failure=ex.kind,
                     micro_batch=values.get("per_device_train_batch_size"),
                     accumulation=values.get("gradient_accumulation_steps"),
                     **({"recovered_batch": True} if "per_device_train_batch_size" in d.edits else {}),
                 )
                 self._say(f"ftlaunch: {d.message}")
                 continue
-            return self._finish(d.action, ex, rc, d.message, values, budget)
+            return self._finish(_ENDS[d.action], ex, rc, d.message, values, budget)
 
-    def _finish(self, action: str, ex: Any, rc: int, message: str, values: dict, budget: Budget) -> int:
-        if action == "succeed":
-            status, code = RunStatus.SUCCEEDED, 0
-        elif action == "stop":
-            status, code = RunStatus.STOPPED, STOPPED_EXIT
-        elif action == "diverged":
-            status, code = RunStatus.DIVERGED, int(ExitCode.DIVERGED)
+    def _finish(self, status: RunStatus, ex: Exit, rc: int, message: str, values: dict, budget: Budget) -> int:
+        if status is RunStatus.SUCCEEDED:
+            code = 0
+        elif status is RunStatus.STOPPED:
+            code = STOPPED_EXIT
+        elif status is RunStatus.DIVERGED:
+            code = int(ExitCode.DIVERGED)
         else:
-            status, code = RunStatus.FAILED, (rc if rc > 0 else int(ExitCode.FAILED))
+            code = rc if rc > 0 else int(ExitCode.FAILED)
         state = update_state(
             self.run_dir,
-            status=status.value,
+            status=status,
             ended=time.time(),
             exit_code=code,
-            failure_kind=ex.kind.value if ex.kind else None,
+            failure_kind=ex.kind,
             message=message,
-            budget=budget.to_dict(),
+            budget=budget,
             trainer_pid=None,
         )
         append_event(self.run_dir, status.value, message=message, exit_code=code)
-        if status is RunStatus.SUCCEEDED and state.get("memory_key") and state.get("recovered_batch"):
-            remember(self.env, state["memory_key"], values, reason=f"run {self.run_dir.name}")
-        if state.get("memory_key") and state.get("observed_peak_gib") and state.get("predicted_peak_gib"):
+        if status is RunStatus.SUCCEEDED and state.memory_key and state.recovered_batch:
+            remember(self.env, state.memory_key, values, reason=f"run {self.run_dir.name}")
+        if state.memory_key and state.observed_peak_gib and state.predicted_peak_gib:
             remember_observed(
                 self.env,
-                state["memory_key"],
-                observed_peak_gib=float(state["observed_peak_gib"]),
-                predicted_peak_gib=float(state["predicted_peak_gib"]),
+                state.memory_key,
+                observed_peak_gib=float(state.observed_peak_gib),
+                predicted_peak_gib=float(state.predicted_peak_gib),
                 micro_batch=int(values.get("per_device_train_batch_size") or 1),
             )
         self._say(f"ftlaunch: run {self.run_dir.name} {status.value}: {message}")
@@ -315,7 +316,7 @@ class Supervisor:
         try:
             cmd = trainer_command(find_trainer(self.env), config_path)
             state = read_state(self.run_dir)
-            cwd = state.get("base_dir") if Path(state.get("base_dir") or "/nonexistent").is_dir() else None
+            cwd = state.base_dir if state.base_dir and Path(state.base_dir).is_dir() else None
             self.trainer = self.spawn(
                 cmd,
                 env=env,
@@ -340,7 +341,7 @@ class Supervisor:
         records: list[dict] = []
         next_update = 0.0
         next_sample = self.clock() + min(1.0, self.sample_every)
-        on_gpu = bool(state.get("gpu_count"))  # the plan's machine: NVML is asked only when it has GPUs
+        on_gpu = bool(state.gpu_count)  # the plan's machine: NVML is asked only when it has GPUs
         while True:
             rc = trainer.poll()
             halt = self.stop_signal is not None or (self.watch is not None and self.watch.halt)
@@ -375,7 +376,7 @@ class Supervisor:
                     if self.clock() >= next_update or rc is not None or caught_up:
                         more: dict[str, Any] = {}
                         if caught_up:
-                            more["status"] = RunStatus.RUNNING.value
+                            more["status"] = RunStatus.RUNNING
                             append_event(self.run_dir, "recovered", attempt=attempt, step=last_step)
                             recover_until = None
                         update_state(

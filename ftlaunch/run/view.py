@@ -12,41 +12,38 @@ from ftlaunch.errors import StateError
 from ftlaunch.plan.hardware import gpu_memory_of
 from ftlaunch.run import progress as prog
 from ftlaunch.run.procs import Liveness, liveness
-from ftlaunch.run.store import (
-    RunStatus,
-    read_events,
-    read_state,
-)
+from ftlaunch.run.state import RunState, RunStatus
+from ftlaunch.run.store import read_events, read_state
 
 
 def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """One run as `status --json` shows it. Liveness decides running vs lost (fails closed); for a
     Slurm run, Slurm decides (its supervisor runs on another host: queued, starting, or the state)."""
     state = read_state(run_dir)
-    status = RunStatus(state.get("status", "lost"))
-    live = liveness(state.get("pid"), state.get("pid_start"))
-    trainer_live = liveness(state.get("trainer_pid"), state.get("trainer_start"))
+    status = state.status
+    live = liveness(state.pid, state.pid_start)
+    trainer_live = liveness(state.trainer_pid, state.trainer_start)
     slurm_state = None
-    if state.get("slurm_job_id"):
-        status, slurm_state = _slurm_status(state, status, live, os.environ if env is None else env)
+    if state.slurm_job_id:
+        status, slurm_state = _slurm_status(state.slurm_job_id, status, live, os.environ if env is None else env)
     elif not status.is_terminal() and live is Liveness.DEAD:
         status = RunStatus.LOST
-    p = state.get("progress") or {}
+    p = state.progress or {}
     step, total = p.get("step"), p.get("total_steps")
     gpu_gib = None
-    if trainer_live is Liveness.ALIVE and state.get("gpu_count"):
-        gpu_gib = gpu_memory_of(_process_tree(int(state["trainer_pid"])))
-    rate = state.get("steps_per_second")
+    if trainer_live is Liveness.ALIVE and state.gpu_count and state.trainer_pid:
+        gpu_gib = gpu_memory_of(_process_tree(state.trainer_pid))
+    rate = state.steps_per_second
     eta = None
     if status in (RunStatus.RUNNING, RunStatus.RECOVERING) and rate and step is not None and total:
-        since = (now or time.time()) - float(state.get("progress_at") or time.time())
+        since = (now or time.time()) - float(state.progress_at or time.time())
         eta = max(0.0, (total - step) / rate - since)
     cost = _cost(run_dir, state, status, step, total, rate, now)
     return {
-        "id": state.get("id", run_dir.name),
-        "name": state.get("name"),
+        "id": state.id or run_dir.name,
+        "name": state.name,
         "status": status.value,
-        "attempt": state.get("attempt"),
+        "attempt": state.attempt,
         "step": step,
         "total_steps": total,
         "loss": p.get("loss"),
@@ -54,39 +51,39 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         "throughput": p.get("throughput"),
         "steps_per_second": rate,
         "eta_seconds": None if eta is None else round(eta, 1),
-        "micro_batch": state.get("micro_batch"),
-        "accumulation": state.get("accumulation"),
-        "pid": state.get("pid"),
+        "micro_batch": state.micro_batch,
+        "accumulation": state.accumulation,
+        "pid": state.pid,
         "supervisor_alive": live.value,
-        "trainer_pid": state.get("trainer_pid"),
+        "trainer_pid": state.trainer_pid,
         "trainer_alive": trainer_live.value,
-        "output_dir": state.get("output_dir"),
+        "output_dir": state.output_dir,
         "run_dir": str(run_dir),
-        "created": state.get("created"),
-        "exit_code": state.get("exit_code"),
-        "failure_kind": state.get("failure_kind"),
-        "message": state.get("message"),
-        "last_checkpoint": state.get("last_checkpoint"),
+        "created": state.created,
+        "exit_code": state.exit_code,
+        "failure_kind": state.failure_kind,
+        "message": state.message,
+        "last_checkpoint": state.last_checkpoint,
         # numeric health of the current attempt (finite/spiky/diverged) and the last divergence seen
-        "health": (state.get("health") or {}).get("health"),
-        "diverged": state.get("diverged"),
+        "health": (state.health or {}).get("health"),
+        "diverged": state.diverged,
         "gpu_memory_gib": gpu_gib,
-        "predicted_peak_gib": state.get("predicted_peak_gib"),
-        "observed_peak_gib": state.get("observed_peak_gib"),
-        "slurm_job_id": state.get("slurm_job_id"),
+        "predicted_peak_gib": state.predicted_peak_gib,
+        "observed_peak_gib": state.observed_peak_gib,
+        "slurm_job_id": state.slurm_job_id,
         "slurm_state": slurm_state,
         **cost,
     }
 
 
 def _slurm_status(
-    state: Mapping[str, Any], recorded: RunStatus, live: Liveness, env: Mapping[str, str]
+    job_id: str, recorded: RunStatus, live: Liveness, env: Mapping[str, str]
 ) -> tuple[RunStatus, str | None]:
     """A Slurm run: queued/starting while Slurm holds the job and no supervisor has taken over;
     the supervisor's own status while the job runs; lost if the job ended without a final status."""
     from ftlaunch.run.slurm import sbatch as slurm
 
-    job_state = slurm.job_state(str(state["slurm_job_id"]), env)
+    job_state = slurm.job_state(job_id, env)
     if job_state in slurm.ACTIVE_STATES:
         if recorded in (RunStatus.RUNNING, RunStatus.RECOVERING) and job_state not in slurm.QUEUED_STATES:
             return recorded, job_state
@@ -98,11 +95,11 @@ def _slurm_status(
     return RunStatus.LOST, job_state
 
 
-def _cost(run_dir: Path, state: dict, status: RunStatus, step, total, rate, now) -> dict[str, Any]:
+def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, now) -> dict[str, Any]:
     """tokens/s of this attempt and GPU-hours so far / projected, from the run's own records."""
     from ftlaunch.run import accounting as acc
 
-    gpus = int(state.get("gpu_count") or 0)
+    gpus = int(state.gpu_count or 0)
     live = status in (RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.STARTING)
     # A lost run's last attempt ended at its last sign of life, not at 0 s (nor now).
     end = (now or time.time()) if live else _last_sign_of_life(run_dir, state)
@@ -111,7 +108,7 @@ def _cost(run_dir: Path, state: dict, status: RunStatus, step, total, rate, now)
     so_far = acc.gpu_hours(busy, gpus)
     left = acc.projected_hours(step, total, rate) if live else 0.0
     tokens_per_second = None
-    out_dir = Path(state.get("output_dir") or "")
+    out_dir = Path(state.output_dir or "")
     if live and (out_dir / "trainer_log.jsonl").exists():
         records = prog.parse_trainer_log((out_dir / "trainer_log.jsonl").read_text(errors="replace"))
         tokens_per_second = acc.recent_rates(records).get("tokens_per_second")
@@ -123,11 +120,11 @@ def _cost(run_dir: Path, state: dict, status: RunStatus, step, total, rate, now)
     }
 
 
-def _last_sign_of_life(run_dir: Path, state: Mapping[str, Any]) -> float | None:
+def _last_sign_of_life(run_dir: Path, state: RunState) -> float | None:
     """When a run last wrote anything: its log, events, state, or the trainer's log."""
     paths = [run_dir / n for n in ("train.log", "events.jsonl", "state.json")]
-    if state.get("output_dir"):
-        paths.append(Path(str(state["output_dir"])) / "trainer_log.jsonl")
+    if state.output_dir:
+        paths.append(Path(state.output_dir) / "trainer_log.jsonl")
     times = []
     for p in paths:
         try:
@@ -155,5 +152,6 @@ def all_runs(env: Mapping[str, str]) -> list[dict[str, Any]]:
         try:
             out.append(run_view(run_dir))
         except StateError as exc:
-            out.append({"id": run_dir.name, "status": "unreadable", "message": exc.message, "run_dir": str(run_dir)})
+            row = {"id": run_dir.name, "status": RunStatus.UNREADABLE.value, "message": exc.message}
+            out.append({**row, "run_dir": str(run_dir)})
     return out

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 
 from ftlaunch.run.slurm import sbatch as slurm
+from ftlaunch.run.state import RunStatus
 from ftlaunch.run.store import append_event, read_events, update_state
 
 
@@ -71,7 +72,9 @@ def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
         ok = slurm.requeue(job["SLURM_JOB_ID"], env)
         append_event(run_dir, "requeued" if ok else "requeue_failed", job_id=job["SLURM_JOB_ID"])
         if ok:
-            update_state(run_dir, status="queued", message="requeued before the time limit; resumes when it runs")
+            update_state(
+                run_dir, status=RunStatus.QUEUED, message="requeued before the time limit; resumes when it runs"
+            )
             return 0
     return code
 

@@ -19,6 +19,7 @@ from ftlaunch.files import home
 from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.run.options import RunOptions
 from ftlaunch.run.slurm import sbatch as slurm
+from ftlaunch.run.state import FailureKind, RunStatus
 from ftlaunch.run.store import append_event, update_state
 from ftlaunch.run.trainer import find_trainer
 
@@ -72,11 +73,11 @@ def submit_run(
     wrapper.write_text(files.trainer)
     wrapper.chmod(0o755)
     record = {"nodes": req.nodes, "gpus_per_node": per_node, "partition": req.partition, "time": req.time}
-    update_state(run_dir, status="queued", slurm=record, warnings=notes)
+    update_state(run_dir, status=RunStatus.QUEUED, slurm=record, warnings=tuple(notes))
     try:
         job = slurm.submit(run_dir / "job.sbatch", {**env, "PWD": os.getcwd()})
     except Exception as exc:
-        update_state(run_dir, status="failed", failure_kind="setup_error", message=f"not submitted: {exc}")
+        update_state(run_dir, status=RunStatus.FAILED, failure_kind=FailureKind.SETUP, message=f"not submitted: {exc}")
         raise
     update_state(run_dir, slurm_job_id=job)
     append_event(run_dir, "submitted", job_id=job, nodes=req.nodes, gpus_per_node=per_node, notes=notes)

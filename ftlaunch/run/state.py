@@ -1,0 +1,222 @@
+"""A run's state as values: the typed, versioned ``RunState`` that state.json holds, its status and
+failure kinds, and the retry budget. Pure: no files here (``ftlaunch.run.store`` reads and writes).
+
+state.json stays the JSON it always was: ``RunState.from_json`` reads it, ``to_json`` writes it back.
+Keys this ftlaunch does not know (written by another minor version) are kept in ``extra`` and written
+back unchanged; a state of another ``version`` is refused (StateVersionError), never rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
+from typing import Any
+
+from ftlaunch.errors import ExitCode, StateError, StateVersionError
+from ftlaunch.run.health import OnDiverge
+
+STATE_VERSION = 1
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"  # a Slurm job waiting for its allocation (first start or requeued)
+    STARTING = "starting"
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"  # the supervisor died without recording an end (reboot, SIGKILL)
+    DIVERGED = "diverged"  # numeric health: non-finite or spiking loss, rollbacks spent (ftlaunch.run.health)
+    UNREADABLE = "unreadable"  # shown by `runs` for a state.json it cannot read; never written
+
+    def is_terminal(self) -> bool:
+        return self in {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.LOST, RunStatus.DIVERGED}
+
+    def is_failed(self) -> bool:
+        return self in {RunStatus.FAILED, RunStatus.LOST, RunStatus.DIVERGED}
+
+    def exit_code(self) -> int:
+        """What `status` (and a command that follows a run to its end) exits with for this status."""
+        if self is RunStatus.SUCCEEDED:
+            return int(ExitCode.OK)
+        if self in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RECOVERING):
+            return int(ExitCode.RUNNING)
+        if self is RunStatus.DIVERGED:
+            return int(ExitCode.DIVERGED)
+        return int(ExitCode.FAILED)
+
+
+class FailureKind(StrEnum):
+    CONFIG = "config_error"  # deterministic: never retried
+    SETUP = "setup_error"  # trainer missing, cannot start
+    CUDA_OOM = "cuda_oom"
+    EVAL_OOM = "eval_oom"
+    HOST_OOM = "host_oom"
+    CRASH = "crash"
+    DIVERGED = "diverged"  # numeric health, see ftlaunch.run.health
+    STOPPED = "stopped_by_user"
+    BUSY = "busy"  # the output_dir is held by another run: this one never started
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Retries left. ``tried``: the distinct configurations that ran out of memory since the last
+    progress (a new checkpoint empties it); the OOM budget counts them, not the halvings."""
+
+    oom_max: int = 4
+    crash_max: int = 2
+    oom_used: int = 0
+    crash_used: int = 0
+    tried: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Budget:
+        return cls(
+            oom_max=int(d.get("oom_max", 4)),
+            crash_max=int(d.get("crash_max", 2)),
+            oom_used=int(d.get("oom_used", 0)),
+            crash_used=int(d.get("crash_used", 0)),
+            tried=tuple(str(t) for t in d.get("tried") or ()),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **{k: getattr(self, k) for k in ("oom_max", "crash_max", "oom_used", "crash_used")},
+            "tried": list(self.tried),
+        }
+
+    def refilled(self) -> Budget:
+        """A fresh budget of the same size (a resume by hand: the user changed something)."""
+        return Budget(self.oom_max, self.crash_max)
+
+
+def _enum_or_none(kind: type[StrEnum], value: Any) -> Any:
+    return None if value is None else kind(value)
+
+
+def _tuple_or_none(value: Any) -> tuple[str, ...] | None:
+    return None if value is None else tuple(str(v) for v in value)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What state.json holds. A field that is None is not written (readers see it as absent)."""
+
+    id: str
+    version: int = STATE_VERSION
+    name: str | None = None
+    status: RunStatus = RunStatus.LOST  # a state that never said: no supervisor ever recorded one
+    created: str | None = None
+    updated: str | None = None
+    rebuilt: str | None = None  # state.json was lost or corrupt and rebuilt from config.yaml
+    # what the run is
+    source_config: str | None = None
+    overrides: tuple[str, ...] | None = None
+    base_dir: str | None = None
+    output_dir: str | None = None
+    run_dir: str | None = None
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    world_size: int | None = None
+    global_batch: int | None = None
+    micro_batch: int | None = None
+    accumulation: int | None = None
+    memory_key: str | None = None
+    schedule: str | None = None  # the schedule that started it
+    # how it is supervised
+    recover: bool = True
+    on_diverge: OnDiverge | None = None  # numeric health policy (ftlaunch.run.health)
+    budget: Budget = field(default_factory=Budget)
+    trainer_env: Mapping[str, str] | None = None
+    # what `train` found in the output_dir
+    output_dir_moved_to: str | None = None
+    adopted_checkpoint: str | None = None
+    adopted_because: str | None = None
+    # the current attempt
+    attempt: int = 0
+    pid: int | None = None
+    pid_start: float | None = None
+    trainer_pid: int | None = None
+    trainer_start: float | None = None
+    resume_from: str | None = None
+    progress: Mapping[str, Any] | None = None  # ftlaunch.run.progress.Progress.to_dict()
+    progress_at: float | None = None
+    steps_per_second: float | None = None
+    last_checkpoint: int | None = None
+    health: Mapping[str, Any] | None = None  # ftlaunch.run.health.Verdict.to_dict() of this attempt
+    diverged: Mapping[str, Any] | None = None  # the last divergence seen
+    predicted_peak_gib: float | None = None
+    observed_peak_gib: float | None = None
+    recovered_batch: bool | None = None  # the OOM ladder changed the micro-batch
+    last_failure: FailureKind | None = None
+    # how it ended
+    ended: float | None = None
+    exit_code: int | None = None
+    failure_kind: FailureKind | None = None
+    message: str | None = None
+    # Slurm
+    slurm: Mapping[str, Any] | None = None  # what was asked: nodes, GPUs per node, partition, time
+    slurm_job_id: str | None = None
+    slurm_job: Mapping[str, str] | None = None  # the SLURM_* variables of the batch step
+    warnings: tuple[str, ...] | None = None
+    # keys of another minor version, written back as they were
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Changes arrive as JSON-ish values too (``update_state(status="running")``): coerce once here.
+        coerce = {
+            "status": lambda v: RunStatus(v),
+            "failure_kind": lambda v: _enum_or_none(FailureKind, v),
+            "last_failure": lambda v: _enum_or_none(FailureKind, v),
+            "on_diverge": lambda v: _enum_or_none(OnDiverge, v),
+            "budget": lambda v: v if isinstance(v, Budget) else Budget.from_json(v or {}),
+            "overrides": _tuple_or_none,
+            "warnings": _tuple_or_none,
+            "slurm_job_id": lambda v: None if v is None else str(v),
+        }
+        for name, fn in coerce.items():
+            object.__setattr__(self, name, fn(getattr(self, name)))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = "state.json") -> RunState:
+        """Read a state.json object. Refuses (StateVersionError) a version it does not know, and
+        (StateError) values it cannot read, such as a status of no known kind."""
+        if data.get("version") != STATE_VERSION:
+            raise StateVersionError(
+                f"{where} has version {data.get('version')!r}, this ftlaunch reads version {STATE_VERSION}; "
+                "not touching it",
+                hint="use the ftlaunch version that made the run",
+            )
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values = {k: v for k, v in data.items() if k in known}
+        extra = {k: v for k, v in data.items() if k not in known}
+        values.setdefault("id", "")
+        try:
+            return cls(**values, extra=extra)
+        except (TypeError, ValueError) as exc:
+            raise StateError(f"{where} holds a value this ftlaunch cannot read ({exc})") from None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or value is None:
+                continue
+            if isinstance(value, Budget):
+                value = value.to_json()
+            elif isinstance(value, StrEnum):
+                value = value.value
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return {**self.extra, **out}
+
+    def changed(self, **changes: Any) -> RunState:
+        """This state with ``changes`` (field names; an unknown name is a TypeError). A key another
+        version wrote under a name this one now sets is dropped from ``extra``."""
+        extra = {k: v for k, v in self.extra.items() if k not in changes}
+        return replace(self, **changes, extra=extra)
