@@ -286,10 +286,11 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool | None, allow_g
     )
     pid = resumed.pid
     if resumed.outcome is ResumeOutcome.ALIVE:
+        alive = f"run {run_dir.name} is alive (supervisor pid {pid})"
         if follow is False:
-            click.echo(f"run {run_dir.name} is alive (supervisor pid {pid}); follow it: ftlaunch logs -f {run_dir.name}")
+            click.echo(f"{alive}; follow it: ftlaunch logs -f {run_dir.name}")
             return
-        click.echo(f"run {run_dir.name} is alive (supervisor pid {pid}); following its log (Ctrl-C stops following)")
+        click.echo(f"{alive}; following its log (Ctrl-C stops following)")
         follow_and_exit(run_dir, tail_lines=FOLLOW_TAIL_LINES)
     elif resumed.outcome is ResumeOutcome.FINISHED:
         click.echo(f"run {run_dir.name} already succeeded; nothing to do")
