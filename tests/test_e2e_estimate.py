@@ -221,7 +221,8 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_plot_draws_a_real_runs_log_with_a_restart(full, tmp_path):
     from ftlaunch.files import write_json_atomic
-    from ftlaunch.run.store import STATE_VERSION, append_event
+    from ftlaunch.run.state import STATE_VERSION
+    from ftlaunch.run.store import append_event
 
     env = full["env"]
     records = (full["out"] / "trainer_log.jsonl").read_text().splitlines()

@@ -503,7 +503,8 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_plot_draws_loss_and_throughput_with_restarts(tmp_path, isolated_home):
     from ftlaunch.files import write_json_atomic
-    from ftlaunch.run.store import STATE_VERSION, append_event
+    from ftlaunch.run.state import STATE_VERSION
+    from ftlaunch.run.store import append_event
 
     out_dir = tmp_path / "out"
     out_dir.mkdir()

@@ -1,15 +1,11 @@
-"""`ftlaunch estimate` and `ftlaunch plot`: the click edges of ftlaunch.estimate.core.
+"""`ftlaunch estimate`: parse, call one use case (ftlaunch.estimate.usecase: one machine or a
+comparison of several), draw the length histogram (cli/plot.py), render the tables.
 
-Each command parses, calls the core (``estimate.build_estimate``) and the shells (``make_plan``,
-``estimate_run.count_tokens``, ``estimate_run.probe_throughput``), then renders. Heavy imports
-(matplotlib) happen inside the functions so that ``import ftlaunch.cli.main`` stays light. Registered in
-cli.py as ``main.add_command(estimate_cmd, "estimate")`` and ``main.add_command(plot_cmd, "plot")``.
+Heavy imports (matplotlib) happen inside functions so that ``import ftlaunch.cli.main`` stays light.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -24,11 +20,6 @@ from ftlaunch.run.options import RunOptions
 
 def _say(text: str) -> None:
     click.echo(text, err=True)
-
-
-# ============================================================================================
-# estimate
-# ============================================================================================
 
 
 @click.command("estimate", context_settings={"help_option_names": ["-h", "--help"]})
@@ -90,10 +81,9 @@ def estimate_cmd(
       ftlaunch estimate cfg.yaml --gpu V100-32GB --gpu A100-80GB --gpu H100-80GBx8 --price A100-80GB=1.9
     """
     from ftlaunch.cli.plot import draw_histogram
-    from ftlaunch.estimate import probe as estimate_run
     from ftlaunch.estimate.compare import parse_prices
+    from ftlaunch.estimate.usecase import compare_machines, estimate_one
     from ftlaunch.files import home
-    from ftlaunch.run.prepare import make_plan
 
     if probe_steps and (gpu or hardware_file):
         raise click.UsageError("--probe-steps measures this machine; it cannot be combined with --gpu or --hardware")
@@ -107,118 +97,29 @@ def estimate_cmd(
         source_gpus=source_gpus, global_batch=global_batch, headroom=headroom, params=params, model_config=model_config
     )
     if len(machines) > 1:
-        out = _compare(config, overrides, machines, base, price_table, env)
+        out = compare_machines(config, overrides, machines, base, price_table, env, _say)
         if as_json:
             click.echo(to_json(out))
         else:
             _render_comparison(out)
         return
-    one = replace(base, **dict(machines))
-    req = one.plan_request(config, overrides, strict=True)
-    _, p = make_plan(req, env)
-    values = dict(p.config)
-    stats = _count_tokens(values, env, "counting tokens with llamafactory's own preprocessing ...")
-    probe = None
-    if probe_steps:
-        _say(f"probing: {warmup_steps} warm-up + {probe_steps} measured steps in a scratch output_dir ...")
-        probe = estimate_run.probe_throughput(values, env, probe_steps, warmup_steps, plan_env=p.env)
-    result = _estimate_for(p, req, stats, probe=probe)
-    out = result.to_dict()
-    if price_table and result.time.gpu_hours:
-        from ftlaunch.estimate.compare import price_for
-
-        price = price_for(gpu[0] if gpu else "", p.hardware.gpu_model, price_table)
-        if price is not None:
-            out["cost"] = [round(h * price, 2) for h in result.time.gpu_hours]
+    one = estimate_one(
+        config,
+        overrides,
+        replace(base, **dict(machines)),
+        env,
+        prices=price_table,
+        probe_steps=probe_steps,
+        warmup_steps=warmup_steps,
+        say=_say,
+    )
     hist = Path(histogram) if histogram else home(env) / "estimates" / f"{Path(config).stem}-lengths.png"
-    draw_histogram(stats, result.padding, hist)
-    out["histogram"] = str(hist)
+    draw_histogram(one.stats, one.estimate.padding, hist)
+    out = {**one.to_dict(), "histogram": str(hist)}
     if as_json:
         click.echo(to_json(out))
     else:
         _render(out)
-
-
-def _count_tokens(values: Mapping[str, Any], env: Mapping[str, str], say: str) -> Any:
-    """Exact token counts in a scratch folder under FTLAUNCH_HOME (kept, with its log, on failure)."""
-    from ftlaunch.estimate import probe as estimate_run
-    from ftlaunch.files import home
-
-    scratch = home(env) / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))
-    _say(say)
-    stats = estimate_run.count_tokens(values, env, work)  # on failure the log stays in `work` (named in the hint)
-    shutil.rmtree(work, ignore_errors=True)
-    return stats
-
-
-def _estimate_for(p: Any, req: Any, stats: Any, probe: Any = None) -> Any:
-    """The estimate of one plan: its batch, the model's shape and the card's peak (or a probe)."""
-    from ftlaunch.estimate import core as est
-
-    facts = _model_facts(p.config, p, req)
-    return est.build_estimate(
-        stats,
-        micro_batch=p.micro_batch,
-        accumulation=p.accumulation,
-        world_size=p.world_size,
-        gpus=p.hardware.gpu_count,
-        values=dict(p.config),
-        probe=probe,
-        shape=facts["shape"],
-        peak_tflops_per_gpu=facts["peak"],
-        checkpointing_off_fits=facts["ckpt_off_fits"],
-        checkpointing_off_note=facts["ckpt_off_note"],
-        extra={
-            "hardware": p.hardware.describe(),
-            "precision": p.precision,
-            "memory": dict(p.memory) if p.memory else None,
-            "plan_warnings": list(p.warnings),
-        },
-    )
-
-
-def _compare(
-    config: str,
-    overrides: Sequence[str],
-    machines: Sequence[tuple[str, str]],
-    base: RunOptions,
-    prices: Mapping[str, float],
-    env: Mapping[str, str],
-) -> dict[str, Any]:
-    """Plan and estimate each machine; count the tokens once (they do not depend on the machine)."""
-    from ftlaunch.errors import DoesNotFitError
-    from ftlaunch.estimate import compare
-    from ftlaunch.run.prepare import get_hardware, make_plan
-
-    stats = None
-    rows = []
-    for kind, value in machines:
-        req = replace(base, **{kind: value}).plan_request(config, overrides, strict=True)
-        try:
-            _, p = make_plan(req, env)
-        except DoesNotFitError as exc:
-            hw = get_hardware(req, env)
-            rows.append(compare.row_from_refusal(value, hw.gpu_model, hw.gpu_count, exc.message, exc.alternatives))
-            continue
-        if stats is None:
-            stats = _count_tokens(
-                dict(p.config), env, "counting tokens with llamafactory's own preprocessing (once for all machines) ..."
-            )
-        result = _estimate_for(p, req, stats)
-        planned = {
-            **p.to_dict(),
-            "precision": p.precision,
-            "micro_batch": p.micro_batch,
-            "accumulation": p.accumulation,
-        }
-        rows.append(compare.row_from_estimate(value, planned, result.to_dict(), prices))
-    out: dict[str, Any] = {"machines": [r.to_dict() for r in compare.order(rows)]}
-    if stats is not None:
-        s = stats.summary()
-        out["tokens"] = {k: s.get(k) for k in ("samples", "total_tokens", "label_tokens", "cutoff_len", "packing")}
-    return out
 
 
 def _fmt_range_hours(pair: Sequence[float] | None) -> str:
@@ -277,43 +178,6 @@ def _render_comparison(out: Mapping[str, Any]) -> None:
     band = f"{UTILISATION[0]:.0%}-{UTILISATION[1]:.0%}"
     for n in [f"times: each card's peak FLOP/s x a {band} utilisation band (a guess, not a measurement)", *notes]:
         console.print(f"  - {n}", highlight=False, markup=False)
-
-
-def _model_facts(values: Mapping[str, Any], p: Any, req: Any) -> dict[str, Any]:
-    """The model's shape, the card's peak, and whether checkpointing off fits (memory model)."""
-    from dataclasses import replace
-
-    from ftlaunch.estimate import throughput
-    from ftlaunch.plan.config import load_deepspeed
-    from ftlaunch.plan.memory.adapt import model_spec_for
-    from ftlaunch.plan.memory.peak import estimate as memory_estimate
-    from ftlaunch.plan.memory.setup import setup_from_config
-    from ftlaunch.plan.memory.states import trainable_params
-
-    facts: dict[str, Any] = {"shape": None, "peak": None, "ckpt_off_fits": None, "ckpt_off_note": ""}
-    if p.hardware.gpus:
-        facts["peak"] = throughput.peak_tflops(p.hardware.gpus[0].name, p.precision)
-    spec, _note = model_spec_for(values, req.params, req.model_config)
-    if spec is None:
-        return facts
-    from ftlaunch.plan.memory.adapt import installed_default_optimizer
-
-    optim = installed_default_optimizer()[0]  # what HF Trainer really uses when `optim` is unset
-    setup = setup_from_config(
-        dict(values), world_size=p.world_size, deepspeed_config=load_deepspeed(values), default_optim=optim
-    )
-    facts["shape"] = throughput.model_shape(spec, trainable_params(spec, setup))
-    if p.hardware.gpus and setup.gradient_checkpointing:
-        off = memory_estimate(spec, replace(setup, gradient_checkpointing=False, micro_batch=p.micro_batch))
-        capacity = min(g.total_gib for g in p.hardware.gpus)
-        usable = capacity * (1 - req.headroom)
-        facts["ckpt_off_fits"] = off.peak_gib <= usable
-        facts["ckpt_off_note"] = (
-            f"predicted peak {off.peak_gib:.1f} GiB vs {usable:.1f} GiB usable at micro-batch {p.micro_batch}"
-        )
-    elif not p.hardware.gpus:
-        facts["ckpt_off_note"] = "CPU: host RAM is the limit"
-    return facts
 
 
 def _fmt_hours(pair: Sequence[float] | None) -> str:

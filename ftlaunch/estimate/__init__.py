@@ -2,7 +2,9 @@
 
 Owns token counting (probe, count_child: llamafactory's own preprocessing in a child process),
 lengths and padding (padding), throughput from a probe or from peak FLOP/s (throughput), the
-estimate itself (core: steps, time, GPU-hours, levers) and machine comparisons (compare).
+estimate itself (core: steps, time, GPU-hours, levers), the model's facts on a plan (facts: shape,
+peak FLOP/s, whether checkpointing off fits), machine comparisons (compare: prices, rows, order) and
+the use cases the command line calls (usecase: estimate one machine, compare several).
 
 May import: the ground, ftlaunch.plan, ftlaunch.hub and ftlaunch.run. Never schedule/ or cli/.
 """

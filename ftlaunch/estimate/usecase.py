@@ -1,0 +1,151 @@
+"""The estimate use cases: estimate a config on one machine, or compare several machines.
+
+Each plans (ftlaunch.run.prepare.make_plan), counts the tokens with llamafactory's own preprocessing
+in a scratch folder (ftlaunch.estimate.probe), optionally probes this machine, and builds the
+estimate (ftlaunch.estimate.core). Rendering is the command line's; progress lines go to `say`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ftlaunch.estimate import compare
+from ftlaunch.estimate import probe as estimate_probe
+from ftlaunch.estimate.core import Estimate, build_estimate
+from ftlaunch.estimate.facts import model_facts
+from ftlaunch.estimate.padding import TokenStats
+from ftlaunch.files import home
+from ftlaunch.run.options import RunOptions
+
+if TYPE_CHECKING:
+    from ftlaunch.plan.planner import Plan
+    from ftlaunch.run.prepare import PlanRequest
+
+Say = Callable[[str], None]
+
+
+def count_tokens(values: Mapping[str, Any], env: Mapping[str, str], say: Say, why: str = "") -> TokenStats:
+    """Exact token counts in a scratch folder under FTLAUNCH_HOME (kept, with its log, on failure)."""
+    scratch = home(env) / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))
+    say(f"counting tokens with llamafactory's own preprocessing{why} ...")
+    stats = estimate_probe.count_tokens(values, env, work)  # on failure the log stays in `work` (named in the hint)
+    shutil.rmtree(work, ignore_errors=True)
+    return stats
+
+
+def estimate_plan(p: Plan, req: PlanRequest, stats: TokenStats, probe: Any = None) -> Estimate:
+    """The estimate of one plan: its batch, the model's shape and the card's peak (or a probe)."""
+    facts = model_facts(p, req.params, req.model_config, req.headroom)
+    return build_estimate(
+        stats,
+        micro_batch=p.micro_batch,
+        accumulation=p.accumulation,
+        world_size=p.world_size,
+        gpus=p.hardware.gpu_count,
+        values=dict(p.config),
+        probe=probe,
+        shape=facts.shape,
+        peak_tflops_per_gpu=facts.peak_tflops,
+        checkpointing_off_fits=facts.checkpointing_off_fits,
+        checkpointing_off_note=facts.checkpointing_off_note,
+        extra={
+            "hardware": p.hardware.describe(),
+            "precision": p.precision,
+            "memory": dict(p.memory) if p.memory else None,
+            "plan_warnings": list(p.warnings),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class OneMachine:
+    """`estimate` on one machine: the counted tokens, the estimate and its cost range (with a price)."""
+
+    stats: TokenStats
+    estimate: Estimate
+    cost: list[float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.estimate.to_dict()
+        if self.cost is not None:
+            out["cost"] = self.cost
+        return out
+
+
+def estimate_one(
+    config: str,
+    overrides: Sequence[str],
+    opts: RunOptions,
+    env: Mapping[str, str],
+    *,
+    prices: Mapping[str, float],
+    probe_steps: int | None = None,
+    warmup_steps: int = 5,
+    say: Say,
+) -> OneMachine:
+    """Plan CONFIG for `opts`' machine, count its tokens, probe this machine if asked, and estimate."""
+    from ftlaunch.run.prepare import make_plan
+
+    req = opts.plan_request(config, tuple(overrides), strict=True)
+    _, p = make_plan(req, env)
+    values = dict(p.config)
+    stats = count_tokens(values, env, say)
+    probe = None
+    if probe_steps:
+        say(f"probing: {warmup_steps} warm-up + {probe_steps} measured steps in a scratch output_dir ...")
+        probe = estimate_probe.probe_throughput(values, env, probe_steps, warmup_steps, plan_env=p.env)
+    result = estimate_plan(p, req, stats, probe=probe)
+    cost = None
+    if prices and result.time.gpu_hours:
+        price = compare.price_for(opts.gpu or "", p.hardware.gpu_model, prices)
+        if price is not None:
+            cost = [round(h * price, 2) for h in result.time.gpu_hours]
+    return OneMachine(stats, result, cost)
+
+
+def compare_machines(
+    config: str,
+    overrides: Sequence[str],
+    machines: Sequence[tuple[str, str]],
+    base: RunOptions,
+    prices: Mapping[str, float],
+    env: Mapping[str, str],
+    say: Say,
+) -> dict[str, Any]:
+    """Plan and estimate each machine (("gpu", name) or ("hardware_file", path)); count the tokens
+    once (they do not depend on the machine). A machine the config does not fit gets a refusal row."""
+    from ftlaunch.errors import DoesNotFitError
+    from ftlaunch.run.prepare import get_hardware, make_plan
+
+    stats = None
+    rows = []
+    for kind, value in machines:
+        req = replace(base, **{kind: value}).plan_request(config, tuple(overrides), strict=True)
+        try:
+            _, p = make_plan(req, env)
+        except DoesNotFitError as exc:
+            hw = get_hardware(req, env)
+            rows.append(compare.row_from_refusal(value, hw.gpu_model, hw.gpu_count, exc.message, exc.alternatives))
+            continue
+        if stats is None:
+            stats = count_tokens(dict(p.config), env, say, " (once for all machines)")
+        result = estimate_plan(p, req, stats)
+        planned = {
+            **p.to_dict(),
+            "precision": p.precision,
+            "micro_batch": p.micro_batch,
+            "accumulation": p.accumulation,
+        }
+        rows.append(compare.row_from_estimate(value, planned, result.to_dict(), prices))
+    out: dict[str, Any] = {"machines": [r.to_dict() for r in compare.order(rows)]}
+    if stats is not None:
+        s = stats.summary()
+        out["tokens"] = {k: s.get(k) for k in ("samples", "total_tokens", "label_tokens", "cutoff_len", "packing")}
+    return out
