@@ -411,13 +411,13 @@ def test_falls_back_in_order_and_never_touches_finetuning_or_cutoff() -> None:
     spec = SPECS["llama3-8b"]
     setup = TrainSetup(finetuning_type="full", gradient_checkpointing=False, attn_impl="eager", seq_len=4096)
     c = choose_micro_batch(spec, setup, capacity_gib=80, per_device_batch=4, host_ram_gib=512)
-    keys = [ch[0] for ch in c.changes]
+    keys = [ch.key for ch in c.changes]
     assert keys == ["disable_gradient_checkpointing", "flash_attn", "deepspeed"]
-    assert c.changes[0][1:3] == (True, False)
-    assert c.changes[1][1:3] == ("disabled", "sdpa")
-    assert c.changes[2][2] == "ds_z3_offload" and "ZeRO-3 CPU offload" in c.changes[2][3]
-    for _key, _old, _new, reason in c.changes:
-        assert "GiB usable (80 GiB, 12% headroom)" in reason
+    assert (c.changes[0].old, c.changes[0].new) == (True, False)
+    assert (c.changes[1].old, c.changes[1].new) == ("disabled", "sdpa")
+    assert c.changes[2].new == "ds_z3_offload" and "ZeRO-3 CPU offload" in c.changes[2].reason
+    for change in c.changes:
+        assert "GiB usable (80 GiB, 12% headroom)" in change.reason
     assert c.micro_batch is not None
     assert c.setup.finetuning_type == "full" and c.setup.seq_len == 4096
     assert c.setup.zero_stage == 3 and c.setup.offload_optimizer and c.setup.offload_params
@@ -428,8 +428,8 @@ def test_stops_at_the_first_sufficient_step_and_prefers_fa2_when_possible() -> N
     spec = SPECS["qwen2.5-1.5b"]
     setup = TrainSetup(gradient_checkpointing=False, attn_impl="eager", seq_len=16384)
     c = choose_micro_batch(spec, setup, capacity_gib=48, per_device_batch=4, can_flash=True)
-    assert [ch[0] for ch in c.changes] == ["disable_gradient_checkpointing", "flash_attn"]
-    assert c.changes[1][2] == "fa2" and c.setup.attn_impl == "fa2"
+    assert [ch.key for ch in c.changes] == ["disable_gradient_checkpointing", "flash_attn"]
+    assert c.changes[1].new == "fa2" and c.setup.attn_impl == "fa2"
     assert c.micro_batch is not None
 
 
@@ -437,7 +437,7 @@ def test_checkpointing_alone_can_be_enough() -> None:
     spec = SPECS["qwen2.5-1.5b"]
     setup = TrainSetup(gradient_checkpointing=False, seq_len=4096)
     c = choose_micro_batch(spec, setup, capacity_gib=24, per_device_batch=2)
-    assert [ch[0] for ch in c.changes] == ["disable_gradient_checkpointing"]
+    assert [ch.key for ch in c.changes] == ["disable_gradient_checkpointing"]
     assert c.setup.gradient_checkpointing and c.setup.attn_impl == "sdpa"
 
 
@@ -467,7 +467,7 @@ def test_offload_needs_enough_host_ram() -> None:
     off = {a["option"]: a for a in small.alternatives}["ZeRO-3 CPU offload"]
     assert off["host_gib"] > 64 and not off["fits"]
     big = choose_micro_batch(spec, setup, capacity_gib=24, per_device_batch=1, host_ram_gib=512)
-    assert big.micro_batch == 1 and [ch[0] for ch in big.changes] == ["deepspeed"]
+    assert big.micro_batch == 1 and [ch.key for ch in big.changes] == ["deepspeed"]
 
 
 def test_choose_rejects_bad_input() -> None:

@@ -106,25 +106,29 @@ def split_batch(per_device: int, preferred_micro: int) -> tuple[int, int]:
     return micro, per_device // micro
 
 
-def precision_for(values: Mapping[str, Any], hw: Hardware) -> tuple[str, list[tuple[str, Any, str]]]:
-    """Decide precision. Returns (label, [(key, new, reason)])."""
+def precision_for(values: Mapping[str, Any], hw: Hardware) -> tuple[str, list[Change]]:
+    """Decide precision. Returns (label, the changes it needs)."""
     wants_bf16 = bool(values.get("bf16")) or bool(values.get("pure_bf16"))
     wants_fp16 = bool(values.get("fp16"))
-    edits: list[tuple[str, Any, str]] = []
+    edits: list[Change] = []
+
+    def change(key: str, new: Any, reason: str) -> None:
+        edits.append(Change(key, values.get(key), new, reason))
+
     if not hw.gpus:
         for key in ("bf16", "fp16", "pure_bf16"):
             if values.get(key):
-                edits.append((key, False, "no GPU: mixed precision needs CUDA; training runs in fp32 on the CPU"))
+                change(key, False, "no GPU: mixed precision needs CUDA; training runs in fp32 on the CPU")
         return "fp32", edits
     if wants_bf16 and not hw.bf16:
         cc = hw.gpus[0].compute_capability
         ccs = f"{cc[0]}.{cc[1]}" if cc else "unknown"
         why = f"{hw.gpus[0].name} (compute capability {ccs}) has no bf16; it needs >= 8.0 (Ampere)"
         if values.get("bf16"):
-            edits.append(("bf16", False, why))
+            change("bf16", False, why)
         if values.get("pure_bf16"):
-            edits.append(("pure_bf16", False, why))
-        edits.append(("fp16", True, why + "; fp16 mixed precision instead"))
+            change("pure_bf16", False, why)
+        change("fp16", True, why + "; fp16 mixed precision instead")
         return "fp16", edits
     if values.get("pure_bf16"):
         return "pure_bf16", edits
@@ -156,8 +160,8 @@ def plan(
 
     # --- precision
     precision, edits = precision_for(values, hardware)
-    for key, new, reason in edits:
-        ed.set(key, new, reason)
+    for c in edits:
+        ed.set(c.key, c.new, c.reason)
 
     # --- strategy
     env: dict[str, str] = {}
@@ -205,11 +209,11 @@ def plan(
         if decision is not None:
             memory = decision.memory
             warnings.extend(decision.warnings)
-            for key, new, reason in decision.edits:
-                if new is REMOVED:
-                    ed.remove(key, reason)
+            for c in decision.edits:
+                if c.new is REMOVED:
+                    ed.remove(c.key, c.reason)
                 else:
-                    ed.set(key, new, reason)
+                    ed.set(c.key, c.new, c.reason)
             env.update(decision.env)
             if decision.micro_batch is not None:
                 micro, accum = decision.micro_batch, per_device // decision.micro_batch

@@ -8,11 +8,12 @@ is building, and ``host_ram_for`` decides which host RAM a plan may count on.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError, DoesNotFitError
+from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.memory.choose import MIN_HEADROOM, TIGHT, choose_micro_batch, gib_pair
 from ftlaunch.plan.memory.setup import default_optimizer, setup_from_config
@@ -24,7 +25,7 @@ from ftlaunch.plan.offload import materialize
 class MemoryDecision:
     micro_batch: int | None
     memory: dict[str, Any]
-    edits: tuple[tuple[str, Any, str], ...] = ()
+    edits: tuple[Change, ...] = ()  # config changes, values as the trainer needs them
     env: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     batch_reason: str | None = None
@@ -176,12 +177,12 @@ def make_memory_chooser(
                     "memory": {**mem, "alternatives": alternatives},
                 },
             )
-        edits: list[tuple[str, Any, str]] = []
+        edits: list[Change] = []
         env: dict[str, str] = {}
-        for key, _old, decided, reason in choice.changes:
-            new, launch_env = materialize(decided)
+        for change in choice.changes:
+            new, launch_env = materialize(change.new)
             env.update(launch_env)
-            edits.append((key, new, reason))
+            edits.append(replace(change, new=new))
         warnings: tuple[str, ...] = (correction_why,) if correction_why else ()
         if choice.verdict == TIGHT:
             reason = (

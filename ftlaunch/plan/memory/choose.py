@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ftlaunch.plan.change import Change
 from ftlaunch.plan.memory.peak import Estimator, MemoryEstimate, corrected
 from ftlaunch.plan.memory.setup import TrainSetup
 from ftlaunch.plan.modelspec import ModelSpec
@@ -67,7 +68,7 @@ class Choice:
     micro_batch: int | None  # None -> nothing fits
     setup: TrainSetup  # the setup chosen (may have gradient_checkpointing/attn/zero changed)
     estimate: MemoryEstimate
-    changes: tuple[tuple[str, object, object, str], ...]  # (llamafactory key, old, new, reason)
+    changes: tuple[Change, ...]  # what the chooser changed in the config (llamafactory keys), in order
     tried: tuple[tuple[int, float], ...]  # (micro_batch, peak_gib) for the final setup
     alternatives: tuple[dict, ...]  # filled when nothing fits
     verdict: str = FITS
@@ -117,7 +118,7 @@ def choose_micro_batch(
     tight_limit = capacity_gib * (1 - min(headroom, MIN_HEADROOM))
     host_usable = host_ram_gib * (1 - headroom) if host_ram_gib is not None else None
     cands = _divisors_desc(per_device_batch)
-    changes: list[tuple[str, object, object, str]] = []
+    changes: list[Change] = []
     est_fn = corrected(spec, correction)
 
     def done(mb: int, cur: TrainSetup, est: MemoryEstimate, tried: tuple, verdict: str) -> Choice:
@@ -154,7 +155,7 @@ def choose_micro_batch(
             continue
         cur = replace(cur, **fields)
         after = est_fn(replace(cur, micro_batch=1, accumulation=per_device_batch)).peak_gib
-        changes.append((key, old, new, f"{over(est.peak_gib)}; {why}: {after:.1f} GiB"))
+        changes.append(Change(key, old, new, f"{over(est.peak_gib)}; {why}: {after:.1f} GiB"))
         mb, est, tried = _scan(est_fn, cur, cands, per_device_batch, usable)
         if mb is not None:
             return done(mb, cur, est, tried, FITS)
@@ -170,7 +171,7 @@ def choose_micro_batch(
         off_est = est_fn(replace(offload, micro_batch=1, accumulation=per_device_batch))
         if host_usable is not None and off_est.host_gib <= host_usable:
             changes.append(
-                (
+                Change(
                     "deepspeed",
                     None if cur.zero_stage == 0 else f"zero{cur.zero_stage}",
                     "ds_z3_offload",
