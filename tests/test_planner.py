@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from ftlaunch.plan.batch import split_batch
 from ftlaunch.plan.change import REMOVED
 from ftlaunch.plan.config import dump_yaml, known_keys, load_config, read_header, resolve_paths
 from ftlaunch.plan.hardware import catalog_hardware
-from ftlaunch.plan.planner import PlanOptions, plan, split_batch
+from ftlaunch.plan.planner import PlanOptions, plan
 
 from .conftest import EXAMPLES
 

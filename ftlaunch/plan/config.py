@@ -172,6 +172,17 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), cwd: str | Path
     )
 
 
+def truthy(value: Any, default: bool = False) -> bool:
+    """A config value read as a flag: None -> ``default``; text is true when it says 1, true, yes or
+    on (any case, as HfArgumentParser's string_to_bool and the environment variables do); anything
+    else by Python truth."""
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
 def _suggest(key: str) -> str:
     close = difflib.get_close_matches(key, known_keys().keys(), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftlaunch.plan.batch import split_batch
 from ftlaunch.plan.change import REMOVED, Change
 from ftlaunch.plan.hardware import Hardware
 
@@ -94,16 +95,6 @@ class _Editor:
     def remove(self, key: str, reason: str) -> None:
         if key in self.values:
             self._record(key, self.values.pop(key), REMOVED, reason)
-
-
-def divisors_desc(n: int) -> list[int]:
-    return [d for d in range(n, 0, -1) if n % d == 0]
-
-
-def split_batch(per_device: int, preferred_micro: int) -> tuple[int, int]:
-    """The largest micro-batch <= preferred that divides per_device, and the accumulation."""
-    micro = next(d for d in divisors_desc(per_device) if d <= max(1, preferred_micro))
-    return micro, per_device // micro
 
 
 def precision_for(values: Mapping[str, Any], hw: Hardware) -> tuple[str, list[Change]]:

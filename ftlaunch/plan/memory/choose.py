@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ftlaunch.plan.batch import divisors_desc
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.memory.peak import Estimator, MemoryEstimate, corrected
 from ftlaunch.plan.memory.setup import TrainSetup
 from ftlaunch.plan.modelspec import ModelSpec
+from ftlaunch.plan.offload import ZERO3_OFFLOAD
 
 FITS = "fits"  # within the target headroom
 TIGHT = "tight"  # within the physical memory, with less than the target headroom
@@ -46,10 +48,6 @@ def verdict_of(peak_gib: float, capacity_gib: float, headroom: float) -> str:
     if peak_gib <= capacity_gib * (1 - min(headroom, MIN_HEADROOM)):
         return TIGHT
     return DOES_NOT_FIT
-
-
-def _divisors_desc(n: int) -> list[int]:
-    return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
 
 
 def _scan(est_fn: Estimator, setup: TrainSetup, candidates: list[int], per_device: int, limit: float):
@@ -117,7 +115,7 @@ def choose_micro_batch(
     usable = capacity_gib * (1 - headroom)
     tight_limit = capacity_gib * (1 - min(headroom, MIN_HEADROOM))
     host_usable = host_ram_gib * (1 - headroom) if host_ram_gib is not None else None
-    cands = _divisors_desc(per_device_batch)
+    cands = divisors_desc(per_device_batch)
     changes: list[Change] = []
     est_fn = corrected(spec, correction)
 
@@ -174,7 +172,7 @@ def choose_micro_batch(
                 Change(
                     "deepspeed",
                     None if cur.zero_stage == 0 else f"zero{cur.zero_stage}",
-                    "ds_z3_offload",
+                    ZERO3_OFFLOAD,
                     f"{over(est.peak_gib)}; ZeRO-3 CPU offload moves parameters and optimizer states "
                     f"to host RAM (needs {off_est.host_gib:.1f} GiB of {host_ram_gib:g} GiB"
                     f"{', ' + host_ram_note if host_ram_note else ''}): {off_est.peak_gib:.1f} GiB",
@@ -279,7 +277,7 @@ def _alternatives(
             "ZeRO-3 CPU offload",
             SAME_NUMBERS,
             off,
-            {"deepspeed": "ds_z3_offload"},
+            {"deepspeed": ZERO3_OFFLOAD},
             "much slower (weights streamed from host RAM)",
         )
     # --- numerics: 8-bit optimizer states, bf16 weights without fp32 masters

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ftlaunch.plan.config import truthy
+
 
 @dataclass(frozen=True)
 class TrainSetup:
@@ -33,14 +35,6 @@ class TrainSetup:
     offload_optimizer: bool = False
     offload_params: bool = False
     world_size: int = 1
-
-
-def _as_bool(value: Any, default: bool = False) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
 
 
 def _attn_from_flash_attn(value: Any) -> str:
@@ -118,16 +112,16 @@ def setup_from_config(
     target = c.get("lora_target", "all")
     if isinstance(target, (list, tuple)):
         target = ",".join(str(t).strip() for t in target)
-    pure_bf16 = _as_bool(c.get("pure_bf16"))
+    pure_bf16 = truthy(c.get("pure_bf16"))
     # llamafactory get_train_args: bf16 or pure_bf16 -> bfloat16, elif fp16 -> float16
-    if _as_bool(c.get("bf16")) or pure_bf16:
+    if truthy(c.get("bf16")) or pure_bf16:
         dtype = "bf16"
-    elif _as_bool(c.get("fp16")):
+    elif truthy(c.get("fp16")):
         dtype = "fp16"
     else:
         dtype = "fp32"
     packing = c.get("packing")
-    packing = _as_bool(packing) if packing is not None else str(c.get("stage", "sft")) == "pt"
+    packing = truthy(packing) if packing is not None else str(c.get("stage", "sft")) == "pt"
 
     stage, off_opt, off_par = 0, False, False
     ds_value = c.get("deepspeed")
@@ -151,7 +145,7 @@ def setup_from_config(
         accumulation=max(1, int(c.get("gradient_accumulation_steps", 1) or 1)),
         seq_len=int(c.get("cutoff_len", 2048) or 2048),  # llamafactory DataArguments default
         packing=packing,
-        gradient_checkpointing=not _as_bool(c.get("disable_gradient_checkpointing")),
+        gradient_checkpointing=not truthy(c.get("disable_gradient_checkpointing")),
         attn_impl=_attn_from_flash_attn(c.get("flash_attn")),
         zero_stage=stage,
         offload_optimizer=off_opt,

@@ -1,0 +1,18 @@
+"""Batch arithmetic behind the planner's invariant: global batch = micro-batch x accumulation x world size.
+
+``divisors_desc`` lists the micro-batches that keep a per-device batch exact (the planner, the memory
+chooser and the OOM ladder all step down through them); ``split_batch`` picks one. Pure.
+"""
+
+from __future__ import annotations
+
+
+def divisors_desc(n: int) -> list[int]:
+    """The divisors of ``n``, largest first."""
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def split_batch(per_device: int, preferred_micro: int) -> tuple[int, int]:
+    """The largest micro-batch <= preferred that divides per_device, and the accumulation."""
+    micro = next(d for d in divisors_desc(per_device) if d <= max(1, preferred_micro))
+    return micro, per_device // micro
