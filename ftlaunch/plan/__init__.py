@@ -2,11 +2,11 @@
 
 Owns what a plan is and how it is made: reading and validating LLaMA-Factory configs (config),
 what a machine has (hardware: values, parsers, the NVML probe), a model's exact shape (modelspec),
-the GPU-memory model, micro-batch chooser, memory store and simulator (memory/), the one ``Change``
-type (change), the one ZeRO-3 offload rule (offload), the batch arithmetic (batch), the planner itself (planner: config +
-hardware + options -> Plan) and the plan's rendering (render). Decisions are functions over data;
-the only shells here are the config/hardware readers, the memory store and the simulator's child
-process.
+the GPU-memory model, micro-batch chooser, memory store and simulator (memory/), the one
+``Change`` type (change), the one ZeRO-3 offload rule (offload), the batch arithmetic (batch), the
+planner itself (planner: config + hardware + options -> Plan) and the plan's rendering (render).
+Decisions are functions over data; the only shells here are the config/hardware readers, the
+memory store and the simulator's child process.
 
 May import: the ground (ftlaunch.errors, ftlaunch.files, ftlaunch.locks) and itself. Never
 hub/, run/, estimate/, schedule/ or cli/ (tests/test_layers.py checks). Never torch.
