@@ -30,6 +30,7 @@ from ftlaunch.hub.datasets import (
     prefetch_datasets,
     with_datasets,
 )
+from ftlaunch.hub.repo import HubSettings, is_repo_id
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.plan.planner import plan
@@ -78,6 +79,23 @@ def test_hub_datasets_finds_only_hf_hub_entries_that_are_named():
     assert hub_datasets(INFO, names) == [HubDataset("hub", "org/alpaca-tiny", "data")]
     assert hub_datasets({"p": {"hf_hub_url": "/abs/local/dir"}}, ["p"]) == []
     assert hub_datasets(None, ["org/a", "./local"]) == [HubDataset("org/a", "org/a")]  # dataset_dir: ONLINE
+
+
+def test_one_rule_names_a_hub_repo_for_models_and_datasets(tmp_path):
+    assert is_repo_id("org/name") and is_repo_id("imdb")
+    for not_a_repo in (None, "", "  ", "/abs/dir", "./rel", "../up", "~/home", ".hidden", "a/b/c", "C:\\models\\x"):
+        assert not is_repo_id(not_a_repo), not_a_repo
+    (tmp_path / "org" / "local").mkdir(parents=True)
+    assert is_repo_id("org/local") and not is_repo_id("org/local", cwd=tmp_path)  # a local folder wins
+    assert hub_datasets(None, ["org/local", "org/a"], cwd=tmp_path) == [HubDataset("org/a", "org/a")]
+
+
+def test_hub_settings_read_cache_and_token_from_the_environment():
+    assert HubSettings.from_env({}) == HubSettings(None, None)
+    assert HubSettings.from_env({"HF_HOME": "/h"}).cache_dir == str(Path("/h") / "hub")
+    both = HubSettings.from_env({"HF_HOME": "/h", "HF_HUB_CACHE": "/c", "HUGGING_FACE_HUB_TOKEN": "hf_old"})
+    assert both == HubSettings("/c", "hf_old") and "hf_old" not in repr(both)
+    assert HubSettings.from_env({"HF_TOKEN": "hf_new", "HUGGING_FACE_HUB_TOKEN": "hf_old"}).token == "hf_new"
 
 
 def test_download_patterns_restrict_to_folders_unless_a_whole_repo_is_used():

@@ -25,8 +25,10 @@ What this adds on top of ``huggingface_hub.snapshot_download`` (read against hug
 * Verification: every listed file present with the listed size, LFS files with the listed sha256, every shard of
   a ``*.safetensors.index.json`` present, and no ``*.incomplete`` left.
 
-Modules: endpoints (choice of hub or mirror), download (the use case), client (resumable HTTP), errors
-(classification, messages), cache (locks, partial files), verify, results, modelscope. The package (floor 2)
+Modules: repo (what names a hub repo; cache folder and token from the environment), endpoints (choice
+of hub or mirror), download (the use case), client (resumable HTTP), errors (classification,
+messages), cache (locks, partial files), verify, results, modelscope, model (pre-download a config's
+model), datasets (pre-download a config's hub datasets and adapt dataset_info.json). The package (floor 2)
 imports nothing of ftlaunch but the ground and ftlaunch.plan (for the Plan it adapts to hub
 datasets). Importing it is cheap: huggingface_hub, httpx and tenacity are imported inside the
 functions.

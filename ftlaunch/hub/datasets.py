@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError
+from ftlaunch.hub.repo import HubSettings, is_repo_id
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.planner import Plan
 
@@ -70,34 +71,25 @@ def dataset_names(values: Mapping[str, Any]) -> list[str]:
     return names
 
 
-def looks_like_repo_id(value: Any) -> bool:
-    """``org/name`` (or a bare ``name``): not an absolute, home or dot-relative path."""
-    return (
-        isinstance(value, str)
-        and bool(value.strip())
-        and value.count("/") <= 1
-        and not value.startswith(("/", ".", "~"))
-        and not os.path.isabs(value)
-        and "\\" not in value
-    )
-
-
-def hub_datasets(info: Mapping[str, Any] | None, names: Iterable[str]) -> list[HubDataset]:
+def hub_datasets(
+    info: Mapping[str, Any] | None, names: Iterable[str], cwd: str | Path | None = None
+) -> list[HubDataset]:
     """The named datasets that LLaMA-Factory would load from the Hugging Face hub.
 
     ``info`` is dataset_info.json, or None for ``dataset_dir: ONLINE`` (then every name is a repo id).
-    Names missing from ``info`` are left to LLaMA-Factory's own error."""
+    Names missing from ``info`` are left to LLaMA-Factory's own error. With ``cwd``, a value that names
+    an existing file or folder there is local (``datasets`` loads it from disk), not a hub repo."""
     found: list[HubDataset] = []
     for name in names:
         if info is None:
-            if looks_like_repo_id(name):
+            if is_repo_id(name, cwd=cwd):
                 found.append(HubDataset(name, name))
             continue
         entry = info.get(name)
         if not isinstance(entry, Mapping):
             continue
         url = entry.get("hf_hub_url")
-        if looks_like_repo_id(url):
+        if is_repo_id(url, cwd=cwd):
             folder = entry.get("folder")
             found.append(HubDataset(name, str(url), str(folder) if folder else None))
     return found
@@ -293,9 +285,7 @@ def prefetch_datasets(
     if dataset_dir != ONLINE and not os.path.isabs(dataset_dir):
         dataset_dir = str((Path(cwd or os.getcwd()) / dataset_dir).resolve())
     info = read_dataset_info(dataset_dir)
-    base = Path(cwd or os.getcwd())
-    # A value that names an existing local folder is loaded from there by `datasets`, not from the hub.
-    refs = [r for r in hub_datasets(info, names) if not (base / r.repo_id).exists()]
+    refs = hub_datasets(info, names, cwd=Path(cwd or os.getcwd()))
     warnings = [
         f"dataset {n}: only on ModelScope/Modelers ({', '.join(k for k in _OTHER_HUBS if k in info[n])}), "
         "not pre-downloaded"
@@ -322,8 +312,7 @@ def prefetch_datasets(
                 "(Hugging Face hub datasets only); use --mirror hf / hf-mirror / URL",
             ),
         )
-    cache = env.get("HF_HUB_CACHE") or (str(Path(env["HF_HOME"]) / "hub") if env.get("HF_HOME") else None)
-    token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
+    settings = HubSettings.from_env(env)
     downloaded: dict[str, str] = {}
     downloads: list[dict[str, Any]] = []
     for repo_id, patterns in download_patterns(refs).items():
@@ -331,8 +320,8 @@ def prefetch_datasets(
             repo_id,
             endpoint=choice.url or "hf",
             repo_type="dataset",
-            cache_dir=cache,
-            token=token,
+            cache_dir=settings.cache_dir,
+            token=settings.token,
             progress=progress,
             on_retry=on_retry,
             allow_patterns=patterns,

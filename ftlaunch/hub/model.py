@@ -1,15 +1,19 @@
-"""ftlaunch.hub.model."""
+"""Pre-download a model (or only its config.json) for a config: choose the endpoint, download into
+the hub cache, and say where it came from (`Prefetch`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from ftlaunch.hub.repo import HubSettings
 
 
 @dataclass(frozen=True)
 class Prefetch:
+    """A model snapshot on disk: where it came from and why that endpoint, and what it took."""
+
     repo_id: str
     endpoint: str | None
     endpoint_reason: str
@@ -20,15 +24,6 @@ class Prefetch:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def is_hub_id(value: Any) -> bool:
-    return (
-        isinstance(value, str)
-        and not Path(value).exists()
-        and value.count("/") == 1
-        and not value.startswith(("/", ".", "~"))
-    )
 
 
 def prefetch_model(
@@ -47,14 +42,13 @@ def prefetch_model(
 
     choice = hub.choose_endpoint(repo_id, mirror, env, repo_type=repo_type)
     endpoint = hub.MODELSCOPE if choice.use_modelscope else choice.url
-    cache = env.get("HF_HUB_CACHE") or (str(Path(env["HF_HOME"]) / "hub") if env.get("HF_HOME") else None)
-    token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
+    settings = HubSettings.from_env(env)
     result = hub.download(
         repo_id,
         endpoint=endpoint or "hf",
         revision=revision,
-        cache_dir=cache,
-        token=token,
+        cache_dir=settings.cache_dir,
+        token=settings.token,
         progress=progress,
         on_retry=on_retry,
         allow_patterns=["config.json"] if config_only else None,

@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ftlaunch.errors import ConfigError, HardwareError
-from ftlaunch.hub.model import Prefetch, is_hub_id, prefetch_model
+from ftlaunch.hub.model import Prefetch, prefetch_model
+from ftlaunch.hub.repo import is_repo_id
 from ftlaunch.plan.config import (
     PATH_KEYS,
     LoadedConfig,
@@ -73,7 +74,7 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
         raise ConfigError(problems)
     fetched: Prefetch | None = None
     hub_id = values.get("model_name_or_path")
-    if req.mirror and is_hub_id(hub_id):
+    if req.mirror and is_repo_id(hub_id, cwd=Path.cwd()):
         fetched = prefetch_model(
             str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=sys.stderr.isatty()
         )
