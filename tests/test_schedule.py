@@ -26,10 +26,12 @@ from click.testing import CliRunner
 
 from ftlaunch.cli.main import main
 from ftlaunch.cli.schedule import schedule_group
+from ftlaunch.errors import StateError
 from ftlaunch.run.options import RunOptions
 from ftlaunch.schedule.cron import ScheduleError, next_fire, on_calendar, parse_cron
 from ftlaunch.schedule.crontab import add_entry, entries, remove_entry
 from ftlaunch.schedule.manage import ScheduleSpec, add_schedule
+from ftlaunch.schedule.records import EntryStatus, HistoryEntry, ScheduleRecord
 from ftlaunch.schedule.runner import run_schedule
 from ftlaunch.schedule.versions import choose_prune, version_name
 
@@ -254,13 +256,16 @@ def test_version_names_and_prune_choice():
     assert version_name("nightly", t) == "nightly-20260301T020005Z"
     assert version_name("nightly", t, {"nightly-20260301T020005Z"}) == "nightly-20260301T020005Z-2"
     h = [
-        {"status": "succeeded", "output_dir": "/o/a"},
-        {"status": "failed", "output_dir": "/o/b"},
-        {"status": "skipped", "reason": "overlap"},
-        {"status": "succeeded", "output_dir": "/o/c"},
-        {"status": "succeeded", "output_dir": "/o/d", "pruned": True},
-        {"status": "succeeded", "output_dir": "/o/e"},
-        {"status": "succeeded", "output_dir": "/o/f"},
+        HistoryEntry.from_json({"t": "", **e})
+        for e in [
+            {"status": "succeeded", "output_dir": "/o/a"},
+            {"status": "failed", "output_dir": "/o/b"},
+            {"status": "skipped", "reason": "overlap"},
+            {"status": "succeeded", "output_dir": "/o/c"},
+            {"status": "succeeded", "output_dir": "/o/d", "pruned": True},
+            {"status": "succeeded", "output_dir": "/o/e"},
+            {"status": "succeeded", "output_dir": "/o/f"},
+        ]
     ]
     assert choose_prune(h, 2, "/o/f") == ["/o/a", "/o/c"]
     assert choose_prune(h, 1, "/o/c") == ["/o/a", "/o/e"]  # never the latest, wherever it points
@@ -527,6 +532,39 @@ def test_only_if_changed_skips_until_the_dataset_changes(project, fake_trainer, 
     write_yaml(project, {**cfg, "learning_rate": 3.0e-5})
     assert cli("run", "nightly").exit_code == 0
     assert len(list((isolated_home / "runs").iterdir())) == 3
+
+
+def test_a_record_keeps_what_it_does_not_know_and_refuses_another_version(project, fake_trainer, isolated_home):
+    assert add("nightly", project).exit_code == 0
+    path = isolated_home / "schedules" / "nightly.json"
+    raw = json.loads(path.read_text())
+    assert ScheduleRecord.from_json(raw, "x").to_json() == raw  # the JSON it always was
+    # keys a newer minor version wrote, at the top and in a history entry, survive a run
+    raw["future_key"] = {"a": 1}
+    raw["history"] = [{"t": "2026-01-01T00:00:00+00:00", "status": "skipped", "reason": "overlap", "note": "x"}]
+    path.write_text(json.dumps(raw))
+    assert cli("run", "nightly").exit_code == 0
+    rec = record(isolated_home, "nightly")
+    assert rec["future_key"] == {"a": 1} and rec["history"][0]["note"] == "x"
+    assert [h["status"] for h in rec["history"]] == ["skipped", "succeeded"]
+    # another version is refused by run and list, and never rewritten
+    rec["version"] = 2
+    path.write_text(json.dumps(rec))
+    before = path.read_bytes()
+    r = cli("run", "nightly")
+    assert r.exit_code == 12 and said("unknown version", r.output), r.output
+    (row,) = json.loads(cli("list", "--json").stdout)
+    assert row["result"] == "unreadable" and "unknown version" in row["message"]
+    assert path.read_bytes() == before
+
+
+def test_history_statuses_are_a_closed_set():
+    assert EntryStatus.of_run("succeeded") is EntryStatus.SUCCEEDED
+    assert EntryStatus.of_run("recovering") is EntryStatus.RUNNING  # not an end: `list` checks the run
+    with pytest.raises(StateError, match="cannot read"):
+        ScheduleRecord.from_json({"version": 1, "name": "n", "cron": "@daily", "config": "c", "history": [
+            {"t": "", "status": "exploded"}
+        ]}, "x")  # fmt: skip
 
 
 def test_a_config_broken_after_add_fails_the_run_and_says_so(project, fake_trainer, tmp_path, isolated_home, receiver):

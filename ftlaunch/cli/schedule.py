@@ -113,7 +113,7 @@ def add(
             click.echo(text, nl=False)
         err_console.print(f"registered schedule {name} (next {nxt}); nothing installed", highlight=False, markup=False)
         return
-    click.echo(f"added schedule {name}: {a.record['cron']} (next {nxt} local time)")
+    click.echo(f"added schedule {name}: {a.record.cron} (next {nxt} local time)")
     click.echo(f"  crontab: {a.line}")
     click.echo(f"  now:     ftlaunch schedule run {name}")
 

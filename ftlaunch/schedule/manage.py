@@ -12,14 +12,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-from ftlaunch.errors import ConfigError, RunNotFoundError, StateError
-from ftlaunch.files import now_iso, write_json_atomic
+from ftlaunch.errors import ConfigError, FtlaunchError, RunNotFoundError, StateError
+from ftlaunch.files import now_iso
 from ftlaunch.run.options import RunOptions
 from ftlaunch.schedule.cron import ScheduleError, next_fire, parse_cron
 from ftlaunch.schedule.crontab import Crontab, CrontabError, add_entry, cron_line, find_crontab, remove_entry
-from ftlaunch.schedule.records import SCHEDULE_VERSION, check_name, locked, record_path, schedules_dir
+from ftlaunch.schedule.records import (
+    Installed,
+    ScheduleRecord,
+    check_name,
+    locked,
+    read_record,
+    record_path,
+    schedules_dir,
+    write_record,
+)
 from ftlaunch.schedule.units import carried_env, check_no_secrets, log_path, run_argv, systemd_units
 from ftlaunch.schedule.versions import base_output_dir, version_name
 
@@ -62,22 +70,11 @@ class ScheduleSpec:
 
 @dataclass(frozen=True)
 class Added:
-    record: dict[str, Any]
+    record: ScheduleRecord
     line: str
     units: dict[str, str]
     installed: bool
     next_time: datetime | None
-
-
-def run_options_of(rec: Mapping[str, Any]) -> RunOptions:
-    """The run options a record was added with (older records hold a subset under the same keys)."""
-    return RunOptions.from_dict({**rec, "run_name": rec.get("run_name") or rec["name"]})
-
-
-def plan_request(rec: Mapping[str, Any], output_dir: str) -> Any:
-    # JSON is valid YAML: the path stays one string whatever characters it holds.
-    over = (*rec.get("overrides", ()), f"output_dir={json.dumps(output_dir)}")
-    return run_options_of(rec).plan_request(rec["config"], tuple(over), strict=True, cwd=rec.get("cwd"))
 
 
 def add_schedule(
@@ -103,23 +100,21 @@ def add_schedule(
             hint=f"`ftlaunch schedule remove {spec.name}` first, or choose another name",
         )
     cwd = spec.cwd or os.getcwd()
-    run = spec.run.absolute(cwd).to_dict()
-    rec: dict[str, Any] = {
-        "version": SCHEDULE_VERSION,
-        "name": spec.name,
-        "cron": cron.text,
-        "config": str(Path(cwd, spec.config).absolute()),
-        "overrides": list(spec.overrides),
-        "cwd": cwd,
-        "keep": spec.keep,
-        "only_if_changed": spec.only_if_changed,
-        "notify": spec.notify,
-        **run,
-    }
+    rec = ScheduleRecord(
+        name=spec.name,
+        cron=cron.text,
+        config=str(Path(cwd, spec.config).absolute()),
+        overrides=tuple(spec.overrides),
+        cwd=cwd,
+        keep=spec.keep,
+        only_if_changed=spec.only_if_changed,
+        notify=spec.notify,
+        run=spec.run.absolute(cwd),
+    )
     base, _, _ = base_output_dir(rec)
-    rec["output_dir"] = str(base)
+    rec = rec.changed(output_dir=str(base))
     # Plan exactly what the first run will plan, so a broken config fails today, not at 2 a.m.
-    make_plan(plan_request(rec, str(base / version_name(spec.name, now or datetime.now(UTC)))), env)
+    make_plan(rec.plan_request(str(base / version_name(spec.name, now or datetime.now(UTC)))), env)
     trainer = find_trainer(env)
     if problem := writable_problem(base):
         raise ConfigError(f"output_dir {problem}")
@@ -132,8 +127,8 @@ def add_schedule(
     log = log_path(env, spec.name)
     line = cron_line(cron, spec.name, argv, carry, log)
     units = systemd_units(cron, spec.name, argv, carry, log)
-    check_no_secrets(line + "".join(units.values()) + json.dumps(rec), env)
-    rec.update(installed="crontab" if install else "manual", command=line, created=now_iso(), history=[])
+    check_no_secrets(line + "".join(units.values()) + json.dumps(rec.to_json(), default=str), env)
+    rec = rec.changed(installed=Installed.CRONTAB if install else Installed.MANUAL, command=line, created=now_iso())
 
     tab = find_crontab(env) if install else None
     with locked(env, "crontab"):
@@ -141,7 +136,7 @@ def add_schedule(
             raise ScheduleError(f"schedule {spec.name!r} already exists")
         current = tab.read() if tab else ""
         new_text = add_entry(current, spec.name, line) if tab else ""  # a duplicate marker raises here
-        write_json_atomic(record_path(env, spec.name), rec)
+        write_record(env, rec)
         if tab:
             try:
                 tab.write(new_text)
@@ -163,17 +158,17 @@ def remove_schedule(name: str, env: Mapping[str, str]) -> Removed:
     check_name(name)
     path = record_path(env, name)
     had_record = path.exists()
-    installed = "crontab"
+    installed: Installed | None = Installed.CRONTAB  # an unreadable record may have a line: look for it
     if had_record:
         try:
-            installed = json.loads(path.read_text()).get("installed", "crontab")
-        except (OSError, json.JSONDecodeError):
+            installed = read_record(env, name).installed
+        except FtlaunchError:
             pass
     removed = 0
     try:
         tab: Crontab | None = find_crontab(env)
     except CrontabError:
-        if had_record and installed == "crontab":
+        if had_record and installed in (Installed.CRONTAB, None):
             raise
         tab = None
     with locked(env, "crontab"):

@@ -1,5 +1,5 @@
-"""Notifications after a scheduled run: the summary sent, a notifier (HTTP POST of JSON, or a
-command with it on stdin and in FTLAUNCH_* variables), and a notifier as it may be shown.
+"""Notifications after a scheduled run: the ``Summary`` sent, the notifier (HTTP POST of JSON, or a
+command with it on stdin and in FTLAUNCH_* variables), and a notifier's target as it may be shown.
 """
 
 from __future__ import annotations
@@ -8,28 +8,47 @@ import json
 import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from ftlaunch.schedule.records import EntryStatus
 
-def summary(
-    status: str,
-    run_id: str | None,
-    schedule: str,
-    duration_s: float,
-    final_loss: float | None,
-    output_dir: str | None,
-    **extra: Any,
-) -> dict[str, Any]:
-    return {
-        "status": status,
-        "run_id": run_id,
-        "schedule": schedule,
-        "duration_s": round(duration_s, 1),
-        "final_loss": final_loss,
-        "output_dir": output_dir,
-        **extra,
-    }
+
+@dataclass(frozen=True)
+class Summary:
+    """What a notifier is sent after a scheduled run, success or failure."""
+
+    status: EntryStatus
+    run_id: str | None  # None: the run was never created (the config broke since `add`)
+    schedule: str
+    duration_s: float
+    final_loss: float | None
+    output_dir: str | None
+    exit_code: int | None = None  # set once the run ended
+    message: str | None = None  # why it failed
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "duration_s", round(self.duration_s, 1))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "status": self.status.value,
+            "run_id": self.run_id,
+            "schedule": self.schedule,
+            "duration_s": self.duration_s,
+            "final_loss": self.final_loss,
+            "output_dir": self.output_dir,
+        }
+        if self.exit_code is not None:
+            out["exit_code"] = self.exit_code
+        if self.message is not None:
+            out["message"] = self.message
+        return out
+
+
+# POST or run ``target`` with the summary; None on success, else why it failed.
+Notifier = Callable[[str, Mapping[str, Any], Mapping[str, str]], "str | None"]
 
 
 def redact_target(target: str | None) -> str | None:

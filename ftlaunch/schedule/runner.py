@@ -1,6 +1,6 @@
 """``schedule run``: one scheduled run, in the foreground, through ftlaunch.run.launch.start_run
-(the one launch use case): never two at once, each into its own version dir, recorded in the
-schedule's history, notified.
+(the one launch use case, as `train`): never two at once, each into its own version dir, recorded
+in the schedule's history, then ``latest``, pruning and the notification.
 """
 
 from __future__ import annotations
@@ -8,27 +8,34 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import BusyError, ConfigError, FtlaunchError
-from ftlaunch.files import now_iso
-from ftlaunch.schedule.manage import plan_request, run_options_of
-from ftlaunch.schedule.notify import notify, redact_target, summary
-from ftlaunch.schedule.records import acquire_run_lock, read_record, update_record
+from ftlaunch.schedule.notify import Notifier, Summary, notify, redact_target
+from ftlaunch.schedule.records import (
+    EntryStatus,
+    HistoryEntry,
+    ScheduleRecord,
+    SkipReason,
+    acquire_run_lock,
+    read_record,
+    record_entry,
+    update_record,
+)
 from ftlaunch.schedule.versions import base_output_dir, content_hash, prune, set_latest, version_name
 
 
 @dataclass(frozen=True)
 class ScheduleRun:
-    status: str  # succeeded, failed, stopped, skipped
+    status: EntryStatus  # the run's end, or skipped
     exit_code: int
     message: str
     run_id: str | None = None
     output_dir: str | None = None
-    summary: Mapping[str, Any] | None = None
+    summary: Summary | None = None
     notify_error: str | None = None
 
 
@@ -39,7 +46,7 @@ def run_schedule(
     echo: bool = False,
     poll: float = 0.5,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    notifier: Callable[[str, Mapping[str, Any], Mapping[str, str]], str | None] = notify,
+    notifier: Notifier = notify,
     say: Callable[[str], None] = lambda _text: None,
 ) -> ScheduleRun:
     """One scheduled run, in the foreground: never two at once, each into its own version dir."""
@@ -47,7 +54,7 @@ def run_schedule(
     try:
         lock = acquire_run_lock(env, name)
     except BusyError as exc:
-        _record(env, name, {"t": now_iso(), "status": "skipped", "reason": "overlap", "message": exc.message})
+        record_entry(env, name, HistoryEntry.skip(SkipReason.OVERLAP, exc.message))
         raise
     try:
         return _run_locked(rec, env, echo=echo, poll=poll, clock=clock, notifier=notifier, say=say)
@@ -56,19 +63,19 @@ def run_schedule(
 
 
 def _run_locked(
-    rec: Mapping[str, Any],
+    rec: ScheduleRecord,
     env: Mapping[str, str],
     *,
     echo: bool,
     poll: float,
     clock: Callable[[], datetime],
-    notifier: Callable[[str, Mapping[str, Any], Mapping[str, str]], str | None],
+    notifier: Notifier,
     say: Callable[[str], None],
 ) -> ScheduleRun:
     from ftlaunch.run.launch import start_run
     from ftlaunch.run.view import run_view
 
-    name = rec["name"]
+    name = rec.name
     started = clock()
     t0 = time.monotonic()
     run_dir: Path | None = None
@@ -76,13 +83,13 @@ def _run_locked(
     digest = None
     try:
         base, values, base_dir = base_output_dir(rec)
-        if rec.get("only_if_changed"):
+        if rec.only_if_changed:
             digest = content_hash(values, base_dir)
-            if digest == rec.get("last_success_hash"):
+            if digest == rec.last_success_hash:
                 msg = "config and dataset files unchanged since the last success; skipped"
-                _record(env, name, {"t": now_iso(), "status": "skipped", "reason": "unchanged", "message": msg})
+                record_entry(env, name, HistoryEntry.skip(SkipReason.UNCHANGED, msg))
                 say(f"schedule {name}: {msg}")
-                return ScheduleRun("skipped", 0, msg)
+                return ScheduleRun(EntryStatus.SKIPPED, 0, msg)
         base.mkdir(parents=True, exist_ok=True)
         taken = {p.name for p in base.iterdir()}
         vdir = base / version_name(name, started, taken)
@@ -96,12 +103,13 @@ def _run_locked(
             nonlocal run_dir
             run_dir = rd
             say(f"schedule {name}: run {rd.name} -> {target}")
-            _record(env, name, {**_entry(summary("running", rd.name, name, 0.0, None, str(target)), started, None)})
+            running = Summary(EntryStatus.RUNNING, rd.name, name, 0.0, None, str(target))
+            record_entry(env, name, _entry(running, started, None))
 
         code = start_run(
-            plan_request(rec, str(vdir)),
+            rec.plan_request(str(vdir)),
             env,
-            run_options_of(rec).supervisor_settings(),
+            rec.run_options().supervisor_settings(),
             foreground=True,
             echo=echo,
             poll=poll,
@@ -112,22 +120,21 @@ def _run_locked(
     except FtlaunchError as exc:
         if run_dir is None:  # nothing was started: the schedule alone records it
             code = int(exc.exit_code)
-            s = summary(
-                "failed", None, name, time.monotonic() - t0, None, str(vdir) if vdir else None, message=exc.message
-            )
+            out = str(vdir) if vdir else None
+            s = Summary(EntryStatus.FAILED, None, name, time.monotonic() - t0, None, out, message=exc.message)
             err = _notify(rec, s, env, notifier, None)
-            _record(env, name, {**_entry(s, started, code), "notify_error": err})
+            record_entry(env, name, replace(_entry(s, started, code), notify_error=err))
             raise
         # the supervisor recorded it in the run; the schedule records it too
         run_id = run_dir.name
-        s = summary("failed", run_id, name, time.monotonic() - t0, None, str(vdir), message=exc.message)
-        failed = {**_entry(s, started, int(exc.exit_code)), "notify_error": _notify(rec, s, env, notifier, run_dir)}
-        update_record(env, name, lambda d: _replace_running(d, run_id, failed))
+        s = Summary(EntryStatus.FAILED, run_id, name, time.monotonic() - t0, None, str(vdir), message=exc.message)
+        failed = replace(_entry(s, started, int(exc.exit_code)), notify_error=_notify(rec, s, env, notifier, run_dir))
+        update_record(env, name, lambda d: d.with_result(run_id, failed))
         raise
     assert run_dir is not None and vdir is not None
     run_id = run_dir.name
     view = run_view(run_dir)
-    status = view["status"]
+    status = EntryStatus.of_run(view["status"])
     message = str(view.get("message") or status)
     notes: list[str] = []
     if code == 0:
@@ -135,25 +142,31 @@ def _run_locked(
             set_latest(base, vdir.name)
         except (OSError, FtlaunchError) as exc:
             notes.append(f"latest not updated: {exc}")
-    s = summary(status, run_id, name, time.monotonic() - t0, _final_loss(view, vdir), str(vdir), exit_code=code)
-    if code != 0:
-        s["message"] = message
+    s = Summary(
+        status,
+        run_id,
+        name,
+        time.monotonic() - t0,
+        _final_loss(view, vdir),
+        str(vdir),
+        exit_code=code,
+        message=message if code != 0 else None,
+    )
     entry = _entry(s, started, code)
     if notes:
-        entry["message"] = "; ".join([message, *notes])
+        entry = replace(entry, message="; ".join([message, *notes]))
 
-    def finish(data: dict[str, Any]) -> None:
-        _replace_running(data, run_id, entry)
-        if code == 0:
-            data["latest"] = vdir.name if not notes else data.get("latest")
-            if digest:
-                data["last_success_hash"] = digest
+    def finish(d: ScheduleRecord) -> ScheduleRecord:
+        d = d.with_result(run_id, entry)
+        if code != 0:
+            return d
+        return d.changed(latest=d.latest if notes else vdir.name, last_success_hash=digest or d.last_success_hash)
 
     data = update_record(env, name, finish)
-    pruned = prune(base, name, data, rec) if code == 0 and data else []
+    pruned = prune(base, data) if code == 0 and data else []
     err = _notify(rec, s, env, notifier, run_dir)
     if err or pruned:
-        update_record(env, name, lambda d: _annotate(d, run_id, err, pruned))
+        update_record(env, name, lambda d: d.annotated(run_id, err, pruned))
     say(f"schedule {name}: run {run_id} {status}" + (f" (pruned {len(pruned)})" if pruned else ""))
     return ScheduleRun(status, code, message, run_id, str(vdir), s, err)
 
@@ -169,61 +182,28 @@ def _final_loss(view: Mapping[str, Any], vdir: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _entry(s: Mapping[str, Any], started: datetime, code: int | None) -> dict[str, Any]:
-    return {
-        "t": started.astimezone(UTC).isoformat(timespec="seconds"),
-        "status": s["status"],
-        "run_id": s["run_id"],
-        "output_dir": s["output_dir"],
-        "duration_s": s["duration_s"],
-        "final_loss": s["final_loss"],
-        "exit_code": code,
-        **({"message": s["message"]} if s.get("message") else {}),
-    }
-
-
-def _record(env: Mapping[str, str], name: str, entry: Mapping[str, Any]) -> None:
-    def change(data: dict[str, Any]) -> None:
-        data.setdefault("history", []).append(dict(entry))
-        data["last"] = dict(entry)
-
-    update_record(env, name, change)
-
-
-def _replace_running(data: dict[str, Any], run_id: str, entry: Mapping[str, Any]) -> None:
-    hist = data.setdefault("history", [])
-    for i, h in enumerate(hist):
-        if h.get("run_id") == run_id:
-            hist[i] = dict(entry)
-            break
-    else:
-        hist.append(dict(entry))
-    data["last"] = dict(entry)
-
-
-def _annotate(data: dict[str, Any], run_id: str, err: str | None, pruned: list[str]) -> None:
-    for h in data.get("history", []):
-        if h.get("run_id") == run_id and err:
-            h["notify_error"] = err
-        if h.get("output_dir") in pruned:
-            h["pruned"] = True
-    if err and data.get("last", {}).get("run_id") == run_id:
-        data["last"]["notify_error"] = err
+def _entry(s: Summary, started: datetime, code: int | None) -> HistoryEntry:
+    return HistoryEntry(
+        t=started.astimezone(UTC).isoformat(timespec="seconds"),
+        status=s.status,
+        run_id=s.run_id,
+        output_dir=s.output_dir,
+        duration_s=s.duration_s,
+        final_loss=s.final_loss,
+        exit_code=code,
+        message=s.message or None,
+    )
 
 
 def _notify(
-    rec: Mapping[str, Any],
-    s: Mapping[str, Any],
-    env: Mapping[str, str],
-    notifier: Callable[[str, Mapping[str, Any], Mapping[str, str]], str | None],
-    run_dir: Path | None,
+    rec: ScheduleRecord, s: Summary, env: Mapping[str, str], notifier: Notifier, run_dir: Path | None
 ) -> str | None:
-    target = rec.get("notify")
-    if not target:
+    """Send ``s`` to the schedule's notifier, if it has one, and note it in the run's events."""
+    if not rec.notify:
         return None
-    err = notifier(target, s, env)
+    err = notifier(rec.notify, s.to_json(), env)
     if run_dir is not None:
         from ftlaunch.run.store import append_event
 
-        append_event(run_dir, "notified", target=redact_target(target), ok=err is None, error=err)
+        append_event(run_dir, "notified", target=redact_target(rec.notify), ok=err is None, error=err)
     return err

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError, StateError
+from ftlaunch.schedule.records import EntryStatus, HistoryEntry, ScheduleRecord
 
 
 def version_name(name: str, when: datetime, taken: Collection[str] = ()) -> str:
@@ -28,7 +29,7 @@ def version_name(name: str, when: datetime, taken: Collection[str] = ()) -> str:
     return candidate
 
 
-def choose_prune(history: Sequence[Mapping[str, Any]], keep: int | None, latest: str | None) -> list[str]:
+def choose_prune(history: Sequence[HistoryEntry], keep: int | None, latest: str | None) -> list[str]:
     """Version dirs to delete: successful ones older than the ``keep`` newest.
 
     Never the latest, never a run that did not succeed (its logs and checkpoints stay), never one
@@ -38,11 +39,11 @@ def choose_prune(history: Sequence[Mapping[str, Any]], keep: int | None, latest:
         return []
     done: list[str] = []
     for h in history:
-        d = h.get("output_dir")
-        if h.get("status") == "succeeded" and d and not h.get("pruned") and d not in done:
+        d = h.output_dir
+        if h.status is EntryStatus.SUCCEEDED and d and not h.pruned and d not in done:
             done.append(d)
     spare = set(done[-keep:]) | ({latest} if latest else set())
-    not_succeeded = {h.get("output_dir") for h in history if h.get("status") != "succeeded"}
+    not_succeeded = {h.output_dir for h in history if h.status is not EntryStatus.SUCCEEDED}
     return [d for d in done if d not in spare and d not in not_succeeded]
 
 
@@ -110,11 +111,11 @@ def set_latest(base: Path, version: str) -> None:
     os.replace(tmp, link)
 
 
-def base_output_dir(rec: Mapping[str, Any]) -> tuple[Path, dict[str, Any], Path]:
+def base_output_dir(rec: ScheduleRecord) -> tuple[Path, dict[str, Any], Path]:
     """The config's own output_dir (absolute), its resolved values and its base directory."""
     from ftlaunch.plan.config import load_config, resolve_paths
 
-    loaded = load_config(rec["config"], rec.get("overrides", ()), cwd=rec.get("cwd"))
+    loaded = load_config(rec.config, rec.overrides, cwd=rec.cwd)
     values, _, _ = resolve_paths(loaded.values, loaded.base_dir, strict=False)
     out = values.get("output_dir")
     if not out:
@@ -125,9 +126,10 @@ def base_output_dir(rec: Mapping[str, Any]) -> tuple[Path, dict[str, Any], Path]
     return Path(str(out)), values, loaded.base_dir
 
 
-def prune(base: Path, name: str, data: Mapping[str, Any], rec: Mapping[str, Any]) -> list[str]:
-    latest = data.get("latest")
-    chosen = choose_prune(data.get("history", []), rec.get("keep"), str(base / latest) if latest else None)
+def prune(base: Path, rec: ScheduleRecord) -> list[str]:
+    """Delete the version dirs ``choose_prune`` picks; returns those now gone."""
+    name = rec.name
+    chosen = choose_prune(rec.history, rec.keep, str(base / rec.latest) if rec.latest else None)
     done = []
     for d in chosen:
         p = Path(d)

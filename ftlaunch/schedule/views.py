@@ -11,35 +11,35 @@ from typing import Any
 from ftlaunch.errors import FtlaunchError
 from ftlaunch.schedule.cron import ScheduleError, next_fire, parse_cron
 from ftlaunch.schedule.notify import redact_target
-from ftlaunch.schedule.records import list_records
+from ftlaunch.schedule.records import EntryStatus, ScheduleRecord, Unreadable, list_records
 
 
-def schedule_view(rec: Mapping[str, Any], now: datetime | None = None) -> dict[str, Any]:
+def schedule_view(rec: ScheduleRecord | Unreadable, now: datetime | None = None) -> dict[str, Any]:
     """One schedule as `schedule list --json` shows it; next time in local time."""
-    if rec.get("unreadable"):
-        return {"name": rec["name"], "result": "unreadable", "message": rec["unreadable"]}
-    last = rec.get("last") or {}
+    if isinstance(rec, Unreadable):
+        return {"name": rec.name, "result": "unreadable", "message": rec.message}
+    last = rec.last
     try:
-        nxt = next_fire(parse_cron(rec["cron"]), now or datetime.now())
+        nxt = next_fire(parse_cron(rec.cron), now or datetime.now())
     except ScheduleError:
         nxt = None
-    result = last.get("status")
-    if result == "skipped":
-        result = f"skipped ({last.get('reason')})"
+    result = last.status.value if last else None
+    if last and last.status is EntryStatus.SKIPPED:
+        result = f"skipped ({last.reason.value if last.reason else None})"
     return {
-        "name": rec["name"],
-        "cron": rec.get("cron"),
-        "config": rec.get("config"),
-        "overrides": rec.get("overrides", []),
-        "output_dir": rec.get("output_dir"),
-        "keep": rec.get("keep"),
-        "only_if_changed": rec.get("only_if_changed", False),
-        "notify": redact_target(rec.get("notify")),
-        "installed": rec.get("installed"),
-        "last_run": last.get("t"),
-        "run_id": last.get("run_id"),
+        "name": rec.name,
+        "cron": rec.cron,
+        "config": rec.config,
+        "overrides": list(rec.overrides),
+        "output_dir": rec.output_dir,
+        "keep": rec.keep,
+        "only_if_changed": rec.only_if_changed,
+        "notify": redact_target(rec.notify),
+        "installed": rec.installed.value if rec.installed else None,
+        "last_run": last.t if last else None,
+        "run_id": last.run_id if last else None,
         "result": result,
-        "latest": rec.get("latest"),
+        "latest": rec.latest,
         "next": nxt.astimezone().isoformat(timespec="minutes") if nxt else None,
     }
 
