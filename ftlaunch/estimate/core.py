@@ -1,13 +1,13 @@
-"""Estimate a fine-tune before committing hardware: steps, time, GPU-hours, levers, run history.
+"""Estimate a fine-tune before committing hardware: steps, time, GPU-hours, levers.
 
-The pure core of ``ftlaunch estimate`` and of a run's GPU-hours: optimizer steps as the HF Trainer
-counts them, time and GPU-hour ranges from a probe or from peak FLOP/s x a stated utilisation, the
-levers that would change the time most, attempts and rates from a run's trainer_log.jsonl and
-events.jsonl, and ``build_estimate``, which puts it all together as one ``Estimate``.
+The pure core of ``ftlaunch estimate``: optimizer steps as the HF Trainer counts them, time and
+GPU-hour ranges from a probe or from peak FLOP/s x a stated utilisation, the levers that would
+change the time most, and ``build_estimate``, which puts it all together as one ``Estimate``.
+(A run's own GPU-hours, attempts and rates are ftlaunch.run.accounting's.)
 
 Its inputs come from ftlaunch.estimate.padding (token counts, padding, packing), ftlaunch.estimate.throughput (probe
 rates, FLOPs per token, peak FLOP/s) and the shells in ftlaunch.estimate.probe (the counting child, the
-probe run). Method, assumptions and measured figures: docs/estimate.md.
+probe run); ftlaunch.estimate.usecase calls it. Method, assumptions and measured figures: docs/estimate.md.
 """
 
 from __future__ import annotations
