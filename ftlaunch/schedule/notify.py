@@ -48,7 +48,7 @@ class Summary:
 
 
 # POST or run ``target`` with the summary; None on success, else why it failed.
-Notifier = Callable[[str, Mapping[str, Any], Mapping[str, str]], "str | None"]
+Notifier = Callable[[str, Mapping[str, Any], Mapping[str, str]], str | None]
 
 
 def redact_target(target: str | None) -> str | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
