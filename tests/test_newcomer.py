@@ -97,8 +97,7 @@ def test_scheduled_run_is_the_same_run(project, fake_trainer, isolated_home, tmp
     assert r.exit_code == 0, r.output
     (run_dir,) = (isolated_home / "runs").iterdir()
     state = read_state(run_dir)
-    crash_max = state["budget"]["crash_max"] if "budget" in state else state["max_crash_retries"]
-    assert state["name"] == "night-run" and state["recover"] is False and crash_max == 5
+    assert state.name == "night-run" and state.recover is False and state.budget.crash_max == 5
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["memory"] is None or plan["memory"].get("headroom") == 0.2
 
@@ -148,13 +147,13 @@ def test_lost_run_counts_its_gpu_hours(project, fake_trainer, isolated_home):  #
     run_id = json.loads(ftl("train", str(project), "--gpu", "A10G", "--json", env=env).stdout)["id"]
     run_dir = isolated_home / "runs" / run_id
     deadline = time.monotonic() + 20
-    while not (read_state(run_dir).get("trainer_pid")):
+    while not read_state(run_dir).trainer_pid:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     time.sleep(1.5)
     state = read_state(run_dir)
-    os.killpg(int(state["trainer_pid"]), signal.SIGKILL)  # the trainer's group
-    os.kill(int(state["pid"]), signal.SIGKILL)  # and the supervisor: nobody records an end
+    os.killpg(int(state.trainer_pid), signal.SIGKILL)  # the trainer's group
+    os.kill(int(state.pid), signal.SIGKILL)  # and the supervisor: nobody records an end
     (run_dir / "train.log").touch()
     deadline = time.monotonic() + 10
     while True:

@@ -17,6 +17,8 @@ from ftlaunch.cli.options import env_now, run_options
 from ftlaunch.cli.render import console, echo_json, err_console, runs_table, status_table
 
 if TYPE_CHECKING:
+    from ftlaunch.plan.planner import Plan
+    from ftlaunch.run.launch import Started
     from ftlaunch.run.options import RunOptions
     from ftlaunch.run.slurm.sbatch import SlurmRequest
 
@@ -94,7 +96,6 @@ def train(
       ftlaunch train cfg.yaml --foreground
       ftlaunch train cfg.yaml --slurm --nodes 2 --gpu A100-80GBx8 --partition gpu --time 24:00:00
     """
-    from ftlaunch.plan.render import plan_renderables
     from ftlaunch.run.launch import start_run
     from ftlaunch.run.options import RunOptions
     from ftlaunch.run.outdir import Existing
@@ -111,13 +112,6 @@ def train(
     if any((nodes != 1, partition, time_limit, account, sbatch_args)):
         raise click.UsageError("--nodes, --partition, --time, --account and --sbatch-arg go with --slurm")
 
-    def created(run_dir: Path, p: Any) -> None:
-        if not as_json:
-            for r in plan_renderables(p):
-                err_console.print(r)
-        if foreground:
-            err_console.print(f"run {run_dir.name} (foreground); run dir {run_dir}", highlight=False)
-
     started = start_run(
         opts.plan_request(config, overrides, strict=True),
         env_now(),
@@ -126,9 +120,27 @@ def train(
         simulate=simulate,
         foreground=foreground,
         echo=not as_json,
-        on_created=created,
+        on_created=lambda run_dir, p: _show_created(run_dir, p, as_json, foreground),
         say=lambda text: err_console.print(text, highlight=False),
     )
+    _show_started(started, as_json, foreground)
+    if follow:
+        follow_and_exit(started.run_dir)
+
+
+def _show_created(run_dir: Path, p: Plan, as_json: bool, foreground: bool) -> None:
+    """Once the run folder exists: its plan on stderr (not with --json), and where a foreground run lives."""
+    from ftlaunch.plan.render import plan_renderables
+
+    if not as_json:
+        for r in plan_renderables(p):
+            err_console.print(r)
+    if foreground:
+        err_console.print(f"run {run_dir.name} (foreground); run dir {run_dir}", highlight=False)
+
+
+def _show_started(started: Started, as_json: bool, foreground: bool) -> None:
+    """A detached run: its id and how to watch it. A foreground run has ended: exit with its code."""
     run_dir = started.run_dir
     if foreground:
         if as_json:
@@ -136,11 +148,9 @@ def train(
         sys.exit(started.exit_code)
     if as_json:
         echo_json({"id": run_dir.name, "run_dir": str(run_dir), "pid": started.pid})
-    else:
-        click.echo(f"started run {run_dir.name} (supervisor pid {started.pid})")
-        _how_to_watch(run_dir)
-    if follow:
-        follow_and_exit(run_dir)
+        return
+    click.echo(f"started run {run_dir.name} (supervisor pid {started.pid})")
+    _how_to_watch(run_dir)
 
 
 def _submit_slurm(
