@@ -1,4 +1,5 @@
-"""`ftlaunch plot` and the matplotlib drawings: a run's loss and throughput, an estimate's lengths.
+"""`ftlaunch plot` (a run's history from ftlaunch.estimate.history, drawn) and the matplotlib
+drawings: a run's loss and throughput, an estimate's lengths.
 
 matplotlib is imported inside the drawing functions (Agg backend), so that importing the command
 line stays light.
@@ -31,31 +32,11 @@ def plot_cmd(run: str | None, out: str | None) -> None:
       ftlaunch plot nightly --out nightly.png
       ftlaunch plot saves/qwen3-sft
     """
-    from ftlaunch.run import accounting as acc
-    from ftlaunch.run.progress import parse_trainer_log
-    from ftlaunch.run.store import find_run, read_events, read_state
+    from ftlaunch.estimate.history import training_history
 
-    env = env_now()
-    events: list[dict[str, Any]] = []
-    if run and Path(run).is_dir() and (Path(run) / "trainer_log.jsonl").is_file():
-        output_dir = Path(run)
-        title = str(output_dir)
-        default_out = output_dir / "ftlaunch-progress.png"
-    else:
-        run_dir = find_run(env, run)
-        state = read_state(run_dir)
-        output_dir = Path(state.output_dir or "")
-        events = read_events(run_dir)
-        title = f"run {run_dir.name} ({state.name})"
-        default_out = run_dir / "progress.png"
-    tlog = output_dir / "trainer_log.jsonl"
-    if not tlog.is_file():
-        raise FtlaunchError(f"no {tlog} yet", hint="the trainer writes it from its first logged step (logging_steps)")
-    segments = acc.split_attempts(parse_trainer_log(tlog.read_text(errors="replace")))
-    if not segments:
-        raise FtlaunchError(f"{tlog} has no logged training steps yet")
-    path = Path(out) if out else default_out
-    draw_progress(segments, acc.attempt_spans(events), path, title)
+    history = training_history(run, env_now())
+    path = Path(out) if out else history.default_out
+    draw_progress(history.segments, history.attempts, path, history.title)
     click.echo(f"wrote {path}")
 
 
@@ -109,15 +90,14 @@ ATTEMPT_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc
 
 
 def draw_progress(
-    segments: Sequence[Sequence[Mapping[str, Any]]], spans: Sequence[Mapping[str, Any]], path: Path, title: str
+    segments: Sequence[Sequence[Mapping[str, Any]]], attempts: Sequence[int | None], path: Path, title: str
 ) -> Path:
     """Loss and throughput over steps, one line per attempt, restarts as dashed vertical lines."""
-    from ftlaunch.run.accounting import rate_series, segment_attempts
+    from ftlaunch.run.accounting import rate_series
 
     plt = _pyplot()
     fig, (ax_loss, ax_rate) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
     rate_label = "steps/s"
-    attempts = segment_attempts(segments, spans)
     for i, seg in enumerate(segments):
         attempt = attempts[i]
         label = f"attempt {attempt}" if attempt is not None else f"segment {i + 1} (attempt unknown)"
