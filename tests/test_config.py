@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from ftlaunch.errors import ConfigError
 from ftlaunch.plan.config import dump_yaml, known_keys, load_config, parse_value, read_header, resolve_paths
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, child_env, have_llamafactory
 
 
 def test_overrides_parse_as_yaml_scalars_like_omegaconf():
@@ -96,3 +100,43 @@ def test_a_date_like_value_stays_text_as_omegaconf_keeps_it(tmp_path):
     loaded = load_config("c.yaml", ("output_dir=2025-02-03",), cwd=tmp_path)
     assert loaded.values["run_name"] == "2024-01-01" and loaded.values["output_dir"] == "2025-02-03"
     assert loaded.values["learning_rate"] == 1e-5
+
+
+def test_a_date_like_override_stays_text_too(tmp_path):
+    (tmp_path / "c.yaml").write_text("stage: sft\nrun_name: first\n")
+    loaded = load_config("c.yaml", ("run_name=2024-01-01",), cwd=tmp_path)
+    assert loaded.values["run_name"] == "2024-01-01"
+
+
+def test_an_override_that_does_not_parse_is_listed_with_the_rest(tmp_path):
+    (tmp_path / "c.yaml").write_text("stage: sft\nbogus: 1\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config("c.yaml", ("lora_target=[q_proj",), cwd=tmp_path)
+    text = str(ei.value)
+    assert "lora_target=[q_proj" in text and "does not parse" in text and "'bogus'" in text
+
+
+READ_ARGS = """
+import json, sys
+from llamafactory.hparams.parser import read_args
+sys.argv = ["llamafactory-cli", *sys.argv[1:]]
+print(json.dumps(read_args()))
+"""
+
+
+@pytest.mark.skipif(not have_llamafactory(), reason="the train extra (llamafactory) is not installed")
+def test_loading_gives_what_llamafactory_read_args_gives(tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        "stage: sft\nrun_name: 2024-01-01\nlearning_rate: 1e-5\nbf16: yes\ncutoff_len: 1_024\n"
+        "dataset: identity,alpaca_en_demo\nlora_target: q_proj,v_proj\noutput_dir: ${oc.env:HOME}/out\n"
+    )
+    overrides = ["warmup_ratio=.1", "logging_steps=0x10", "save_steps=", "run_name=2025-02-03", "num_train_epochs=3"]
+    r = subprocess.run(
+        [sys.executable, "-c", READ_ARGS, str(tmp_path / "c.yaml"), *overrides],
+        capture_output=True,
+        text=True,
+        env=child_env(DISABLE_VERSION_CHECK="1"),
+        check=True,
+    )
+    theirs = json.loads(r.stdout.strip().splitlines()[-1])
+    assert load_config("c.yaml", overrides, cwd=tmp_path).values == theirs

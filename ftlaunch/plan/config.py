@@ -1,11 +1,14 @@
 """Reading, validating and writing LLaMA-Factory training configs.
 
-Merging follows llamafactory-cli (``hparams/parser.py::read_args``): the YAML is loaded, then
-``key=value`` overrides (OmegaConf.from_cli: the value is parsed as YAML) replace top-level keys.
+Loading is llamafactory-cli's own (``hparams/parser.py::read_args``, 0.9.5): ``OmegaConf.load`` of
+the YAML (``OmegaConf.create`` of a JSON file), ``OmegaConf.from_cli`` of the ``key=value``
+overrides, ``OmegaConf.merge`` and ``OmegaConf.to_container``, so every value reaches the planner
+as the trainer will see it (``1e-5`` a float, ``2024-01-01`` text, ``${...}`` left as written).
 Relative paths are resolved against the directory llamafactory-cli would resolve them from (the
 current directory) and written back absolute, so the adapted YAML runs from anywhere.
 
-Validation collects every problem and raises one ``ConfigError``.
+Validation collects every problem and raises one ``ConfigError``. OmegaConf is imported when a
+config is loaded, not with this module: commands that never read a config do not pay for it.
 """
 
 from __future__ import annotations
@@ -47,29 +50,6 @@ PATH_KEYS = (
 MAYBE_HUB_KEYS = ("model_name_or_path", "adapter_name_or_path")
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that, like OmegaConf, reads ``1e-5`` as a float (YAML 1.1 would say string)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+][0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-# OmegaConf (what llamafactory merges with) keeps a YAML timestamp as its text: `run_name: 2024-01-01`
-# reaches the trainer as the string "2024-01-01", never a date.
-_Loader.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node))
-
-
 @dataclass(frozen=True)
 class LoadedConfig:
     """A merged config plus what we learnt while loading it."""
@@ -90,17 +70,21 @@ def known_keys() -> dict[str, str]:
 
 
 def parse_value(text: str) -> Any:
-    """Parse an override value as OmegaConf.from_cli does (YAML scalar rules)."""
-    if text == "":
-        return ""
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError:
-        return text
+    """An override value as ``OmegaConf.from_cli`` parses it (YAML scalar rules; empty is None).
+
+    A value that does not parse as YAML (``[1``) raises ConfigError, as llamafactory-cli would fail."""
+    values, problems = parse_overrides([f"value={text}"])
+    if problems:
+        raise ConfigError(problems)
+    return values["value"]
 
 
-def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
-    values: dict[str, Any] = {}
+def _from_cli(items: Sequence[str]) -> tuple[list[Any], list[str]]:
+    """(one OmegaConf node per well-formed ``key=value`` item, problems) in the order given."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    nodes: list[Any] = []
     problems: list[str] = []
     for item in items:
         key, sep, raw = item.partition("=")
@@ -114,8 +98,29 @@ def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
         if "." in key:
             problems.append(f"override {item!r}: nested keys are not llamafactory training arguments")
             continue
-        values[key] = parse_value(raw)
-    return values, problems
+        try:
+            nodes.append(OmegaConf.from_cli([f"{key}={raw}"]))
+        except (yaml.YAMLError, ValueError, OmegaConfBaseException) as exc:  # llamafactory-cli stops here too
+            problems.append(f"override {item!r} does not parse: {_one_line(exc)}")
+    return nodes, problems
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """(the overrides merged as llamafactory-cli merges them, problems)."""
+    from omegaconf import OmegaConf
+
+    from omegaconf.errors import OmegaConfBaseException
+
+    nodes, problems = _from_cli(items)
+    try:
+        merged = OmegaConf.to_container(OmegaConf.merge(*nodes)) if nodes else {}
+    except OmegaConfBaseException as exc:  # e.g. a=1 then a={b: 2}
+        return {}, [*problems, f"overrides cannot be merged: {_one_line(exc)}"]
+    return dict(merged), problems
 
 
 def read_header(text: str) -> dict[str, Any]:
@@ -145,20 +150,30 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), cwd: str | Path
         raise ConfigError(f"config file {path} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
-        data = json.loads(text) if src_abs.suffix == ".json" else yaml.load(text, Loader=_Loader)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        if src_abs.suffix == ".json":
+            data = json.loads(text)
+            node = OmegaConf.create(data) if isinstance(data, dict) else data
+        else:
+            node = OmegaConf.load(src_abs)
+    except (yaml.YAMLError, ValueError, OmegaConfBaseException) as exc:
         raise ConfigError(f"{path} does not parse: {exc}") from None
-    if data is None or data == {}:
+    if node is None or (isinstance(node, DictConfig) and len(node) == 0):
         raise ConfigError(
             f"{path} is empty: there is nothing to train",
             hint="a training config names at least model_name_or_path, stage, dataset and output_dir",
         )
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must be a mapping of key: value, not {type(data).__name__}")
-    over, problems = parse_overrides(overrides)
-    merged = dict(data)
-    merged.update(over)
+    if not isinstance(node, DictConfig):
+        kind = "list" if OmegaConf.is_list(node) else type(node).__name__
+        raise ConfigError(f"{path} must be a mapping of key: value, not {kind}")
+    over, problems = _from_cli(overrides)
+    try:
+        merged = dict(OmegaConf.to_container(OmegaConf.merge(node, *over)))
+    except OmegaConfBaseException as exc:  # llamafactory-cli would stop here too
+        raise ConfigError(problems + [f"overrides cannot be merged into {path}: {_one_line(exc)}"]) from None
     problems += validate_keys(merged)
     problems += validate_values(merged)
     if problems:
@@ -174,8 +189,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), cwd: str | Path
 
 def truthy(value: Any, default: bool = False) -> bool:
     """A config value read as a flag: None -> ``default``; text is true when it says 1, true, yes or
-    on (any case, as HfArgumentParser's string_to_bool and the environment variables do); anything
-    else by Python truth."""
+    on (any case); anything else by Python truth."""
     if value is None:
         return default
     if isinstance(value, str):
