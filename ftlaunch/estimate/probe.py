@@ -205,6 +205,7 @@ def probe_throughput(
     from ftlaunch.plan.config import dump_yaml
     from ftlaunch.run.procs import terminate_group
     from ftlaunch.run.progress import parse_trainer_log
+    from ftlaunch.run.tail import Tail
     from ftlaunch.run.trainer import find_trainer, trainer_env
 
     if steps < 2:
@@ -230,18 +231,14 @@ def probe_throughput(
             cwd=scratch,
             start_new_session=True,
         )
-    offset = 0
+    tail = Tail(tlog)
     try:
         while True:
             rc = proc.poll()
             if tlog.exists():
-                with open(tlog) as f:
-                    f.seek(offset)
-                    chunk = f.read()
-                complete = chunk[: chunk.rfind("\n") + 1]
-                offset += len(complete.encode())
+                new = tail.records()
                 now = clock() - t0
-                for rec in parse_trainer_log(complete):
+                for rec in new:
                     if rec.get("loss") is not None:
                         observed.setdefault(int(rec["current_steps"]), now)
             if rc is not None:

@@ -4,9 +4,10 @@ Owns the run's typed state (state: RunState, RunStatus, FailureKind, Budget), th
 one directory per run, state.json read and written atomically, events), preparing a plan for a
 run (prepare), claiming the output_dir (outdir), the one launch use case (launch.start_run, used by
 `train` and `schedule run`; launch.supervise, used by `resume` too), the supervisor and its
-decisions (supervisor, recovery, health, rollback), reading what the trainer writes (progress),
-run accounting (accounting: attempts, rates, GPU-hours), the status view (view), stop/resume/edit
-(control), processes (procs), the trainer's command line (trainer) and Slurm (slurm/).
+decisions (supervisor, recovery, health, rollback), what the supervisor records (journal), reading
+what the trainer writes (progress; tail: new lines of a growing log; checkpoints: the checkpoint
+watch), run accounting (accounting: attempts, rates, GPU-hours), the status view (view),
+stop/resume/edit (control), processes (procs), the trainer's command line (trainer) and Slurm (slurm/).
 
 May import: the ground, ftlaunch.plan and ftlaunch.hub. Never estimate/, schedule/ or cli/.
 """

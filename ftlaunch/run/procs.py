@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 
@@ -71,12 +71,11 @@ def spawn_detached(
 
 
 def signal_group(pgid: int, sig: int) -> bool:
+    """Signal a process group; False when it is gone (or not ours to signal)."""
     try:
         os.killpg(pgid, sig)
         return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except (ProcessLookupError, PermissionError):
         return False
 
 
@@ -106,3 +105,25 @@ def terminate_group(pgid: int, grace: float = 30.0, poll: float = 0.1) -> bool:
             return True
         time.sleep(poll)
     return not group_alive(pgid)
+
+
+class GroupStop:
+    """Stopping a process group from a polling loop: SIGTERM once, SIGKILL once ``grace`` s have passed.
+
+    Driven by the loop's ``tick`` (signal handlers only record; the loop acts), so the stop never blocks
+    the loop that keeps logging the trainer's last words."""
+
+    def __init__(self, pgid: int, grace: float, clock: Callable[[], float] = time.monotonic):
+        self.pgid = pgid
+        self.grace = grace
+        self.clock = clock
+        self.since: float | None = None
+
+    def tick(self, before_term: Callable[[], None] = lambda: None) -> None:
+        """Advance the stop; ``before_term`` runs once, just before SIGTERM (to record the stop)."""
+        if self.since is None:
+            self.since = self.clock()
+            before_term()
+            signal_group(self.pgid, signal.SIGTERM)
+        elif self.clock() - self.since > self.grace:
+            signal_group(self.pgid, signal.SIGKILL)

@@ -133,3 +133,16 @@ def last_complete_checkpoint(output_dir: Path, weights_only: bool = False) -> tu
         if not checkpoint_problems(path, weights_only):
             return step, path
     return None
+
+
+class StepRate:
+    """Optimizer steps per second of one attempt, from the first step record it saw to the latest."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None
+
+    def update(self, first_step: int, last_step: int, now: float) -> float | None:
+        if self.first is None:
+            self.first = (first_step, now)
+        step0, t0 = self.first
+        return (last_step - step0) / (now - t0) if last_step > step0 and now > t0 else None

@@ -29,12 +29,15 @@ from ftlaunch.plan.hardware import gpu_peak_of
 from ftlaunch.plan.memory.store import remember, remember_observed
 from ftlaunch.plan.offload import materialize
 from ftlaunch.run import progress as prog
+from ftlaunch.run.checkpoints import CheckpointWatch, set_aside_incomplete
+from ftlaunch.run.journal import RunJournal
 from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
-from ftlaunch.run.procs import start_time
+from ftlaunch.run.procs import GroupStop, signal_group, start_time
 from ftlaunch.run.recovery import Action, Exit, classify, decide
 from ftlaunch.run.rollback import HealthWatch
 from ftlaunch.run.state import Budget, FailureKind, RunStatus
-from ftlaunch.run.store import append_event, read_secrets, read_state, update_state
+from ftlaunch.run.store import read_secrets, read_state
+from ftlaunch.run.tail import Tail
 from ftlaunch.run.trainer import find_trainer, redact, trainer_command, trainer_env
 
 STOPPED_EXIT = 130
@@ -42,13 +45,13 @@ STOPPED_EXIT = 130
 _ENDS = {Action.SUCCEED: RunStatus.SUCCEEDED, Action.STOP: RunStatus.STOPPED, Action.FAIL: RunStatus.FAILED}
 
 
-# ---------------------------------------------------------------- output_dir lock
-
-
-# ---------------------------------------------------------------- the supervisor
-
-
 class Supervisor:
+    """One run's loop: start an attempt, watch it, classify its end, decide (retry, roll back, finish).
+
+    What it records goes through its journal (events, state, train.log lines); what it reads of the
+    trainer comes from tails of its logs and a checkpoint watch. Seams: ``clock``, ``spawn``,
+    ``read_kernel_log``, ``gpu_sampler``."""
+
     def __init__(
         self,
         run_dir: Path,
@@ -66,7 +69,7 @@ class Supervisor:
     ):
         self.run_dir = run_dir
         self.env = dict(env)
-        self.echo = echo
+        self.journal = RunJournal(run_dir, echo=echo)
         self.poll = poll
         self.stop_grace = stop_grace
         self.clock = clock
@@ -82,6 +85,10 @@ class Supervisor:
         self.gpu_sampler = gpu_sampler or gpu_peak_of
         self.sample_every = sample_every
         self.observed_peak: float | None = None
+
+    @property
+    def echo(self) -> bool:
+        return self.journal.echo
 
     # signal handlers record only
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -121,17 +128,9 @@ class Supervisor:
             # Held under this run's own id: another supervisor of this very run is live; its state is
             # not ours to touch. Held by another run: this one never started.
             if exc.holder != self.run_dir.name:
-                update_state(self.run_dir, status=RunStatus.FAILED, failure_kind=FailureKind.BUSY, message=str(exc))
-                append_event(self.run_dir, "failed", kind=FailureKind.BUSY.value, message=str(exc))
+                self.journal.busy(str(exc))
             raise
-        update_state(
-            self.run_dir,
-            status=RunStatus.STARTING,
-            pid=os.getpid(),
-            pid_start=start_time(os.getpid()),
-            ended=None,
-            exit_code=None,
-        )
+        self.journal.supervising(os.getpid(), start_time(os.getpid()))
         try:
             return self._loop(values, header, output_dir)
         finally:
@@ -140,11 +139,11 @@ class Supervisor:
     def _loop(self, values: dict[str, Any], header: dict[str, Any], output_dir: str) -> int:
         state = read_state(self.run_dir)
         budget = state.budget
-        recover = state.recover
         attempt = state.attempt
         extra_env = dict(state.trainer_env or {})
         weights_only = bool(values.get("save_only_model"))
-        self.watch = HealthWatch(self.run_dir, values, self.env, self._say)
+        self.watch = HealthWatch(self.run_dir, values, self.env, self.journal.say)
+        out = Path(output_dir)
         while True:
             if self.stop_signal is not None:  # stopped before (or between) attempts: start nothing
                 stopped = Exit(FailureKind.STOPPED, "stopped by the user")
@@ -152,33 +151,14 @@ class Supervisor:
                     RunStatus.STOPPED, stopped, 0, "stopped by the user; resume with `ftlaunch resume`", values, budget
                 )
             attempt += 1
-            out = Path(output_dir)
-            moved = self._set_aside_incomplete(out, weights_only)
+            moved = set_aside_incomplete(out, weights_only)
             last = prog.last_complete_checkpoint(out, weights_only)
-            resume_from = last[1].name if last else None
             status = RunStatus.RUNNING if attempt == 1 else RunStatus.RECOVERING
             # A later attempt is "recovering" until the trainer passes the furthest step seen before.
             recover_until = int((read_state(self.run_dir).progress or {}).get("step") or 0)
-            update_state(
-                self.run_dir,
-                status=status,
-                attempt=attempt,
-                budget=budget,
-                micro_batch=values.get("per_device_train_batch_size"),
-                accumulation=values.get("gradient_accumulation_steps"),
-                resume_from=resume_from,
-            )
-            append_event(
-                self.run_dir,
-                "attempt_started",
-                attempt=attempt,
-                resume_from=resume_from,
-                micro_batch=values.get("per_device_train_batch_size"),
-                accumulation=values.get("gradient_accumulation_steps"),
-                set_aside=moved,
-            )
+            self.journal.attempt_started(attempt, status, budget, values, last[1].name if last else None, moved)
             self.watch.start()
-            rc, log_text, ckpt_before, ckpt_after, step = self._attempt(
+            rc, log_text, checkpoints, step = self._attempt(
                 out, attempt, extra_env, weights_only, recover_until if status is RunStatus.RECOVERING else None
             )
             # Numeric health first: a diverged trainer was halted by us, whatever its exit code says.
@@ -193,23 +173,15 @@ class Supervisor:
             ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
             if ex.kind is FailureKind.HOST_OOM:
                 ex = with_kernel_evidence(ex, read_state(self.run_dir).trainer_pid, self.read_kernel_log)
-            append_event(
-                self.run_dir,
-                "exited",
-                attempt=attempt,
-                code=rc,
-                kind=ex.kind.value if ex.kind else "success",
-                message=ex.message,
-                step=step,
-            )
+            self.journal.exited(attempt, rc, ex, step)
             offload_ok = importlib.util.find_spec("deepspeed") is not None and bool(state.gpu_count)
             last = prog.last_complete_checkpoint(out, weights_only)
             d = decide(
                 ex,
                 values,
                 budget,
-                recover=recover,
-                progressed=ckpt_after > ckpt_before,
+                recover=state.recover,
+                progressed=checkpoints.progressed,
                 offload_ok=offload_ok,
                 step=step,
                 resume_from=last[1].name if last else None,
@@ -220,19 +192,7 @@ class Supervisor:
                     values[key], launch_env = materialize(decided)
                     extra_env.update(launch_env)
                 self._write_config(values, header)
-                append_event(self.run_dir, "retry", attempt=attempt, message=d.message, edits=d.edits)
-                update_state(
-                    self.run_dir,
-                    status=RunStatus.RECOVERING,
-                    message=d.message,
-                    budget=budget,
-                    trainer_env=extra_env,
-                    last_failure=ex.kind,
-                    micro_batch=values.get("per_device_train_batch_size"),
-                    accumulation=values.get("gradient_accumulation_steps"),
-                    **({"recovered_batch": True} if "per_device_train_batch_size" in d.edits else {}),
-                )
-                self._say(f"ftlaunch: {d.message}")
+                self.journal.retry(attempt, d, ex, values, extra_env)
                 continue
             return self._finish(_ENDS[d.action], ex, rc, d.message, values, budget)
 
@@ -245,17 +205,7 @@ class Supervisor:
             code = int(ExitCode.DIVERGED)
         else:
             code = rc if rc > 0 else int(ExitCode.FAILED)
-        state = update_state(
-            self.run_dir,
-            status=status,
-            ended=time.time(),
-            exit_code=code,
-            failure_kind=ex.kind,
-            message=message,
-            budget=budget,
-            trainer_pid=None,
-        )
-        append_event(self.run_dir, status.value, message=message, exit_code=code)
+        state = self.journal.finished(status, code, ex, message, budget)
         if status is RunStatus.SUCCEEDED and state.memory_key and state.recovered_batch:
             remember(self.env, state.memory_key, values, reason=f"run {self.run_dir.name}")
         if state.memory_key and state.observed_peak_gib and state.predicted_peak_gib:
@@ -266,7 +216,7 @@ class Supervisor:
                 predicted_peak_gib=float(state.predicted_peak_gib),
                 micro_batch=int(values.get("per_device_train_batch_size") or 1),
             )
-        self._say(f"ftlaunch: run {self.run_dir.name} {status.value}: {message}")
+        self.journal.say(f"ftlaunch: run {self.run_dir.name} {status.value}: {message}")
         return code
 
     def _sample_gpu(self, pid: int) -> None:
@@ -280,64 +230,44 @@ class Supervisor:
         used = self.gpu_sampler(pids)
         if used is not None and (self.observed_peak is None or used > self.observed_peak):
             self.observed_peak = used
-            update_state(self.run_dir, observed_peak_gib=round(used, 3))
+            self.journal.observed_peak(used)
 
-    def _say(self, text: str) -> None:
-        with open(self.run_dir / "train.log", "a") as f:
-            f.write(text + "\n")
-        if self.echo:
-            print(text, flush=True)
-
-    def _set_aside_incomplete(self, out: Path, weights_only: bool) -> list[str]:
-        """Move incomplete newest checkpoints aside (never delete): llamafactory picks by name."""
-        moved = []
-        for _step, path in reversed(prog.checkpoint_dirs(out)):
-            problems = prog.checkpoint_problems(path, weights_only)
-            if not problems:
-                break
-            target = out / f"incomplete-{path.name}-{int(time.time())}"
-            path.rename(target)
-            moved.append(f"{path.name} -> {target.name} ({'; '.join(problems)})")
-            append_event(self.run_dir, "checkpoint_set_aside", checkpoint=path.name, problems=problems)
-        return moved
+    def _start_trainer(self, extra_env: dict[str, str], config_path: Path, base_dir: str | None) -> subprocess.Popen:
+        """The trainer in its own process group, its output on a pipe (the pump logs it)."""
+        cmd = trainer_command(find_trainer(self.env), config_path)
+        return self.spawn(
+            cmd,
+            env=trainer_env(self.env, {}, extra_env),
+            cwd=base_dir if base_dir and Path(base_dir).is_dir() else None,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
 
     def _attempt(
         self, out: Path, attempt: int, extra_env: dict[str, str], weights_only: bool, recover_until: int | None = None
-    ) -> tuple[int, str, int, int, int | None]:
+    ) -> tuple[int, str, CheckpointWatch, int | None]:
+        """Run one attempt to its end: (exit code, its train.log text, its checkpoints, last step)."""
         log_path = self.run_dir / "train.log"
-        with open(log_path, "a") as f:
-            f.write(f"\n===== ftlaunch attempt {attempt} =====\n")
-        log_offset = log_path.stat().st_size
-        tlog = out / "trainer_log.jsonl"
-        tlog_offset = tlog.stat().st_size if tlog.exists() else 0
-        ckpt_before = (prog.last_complete_checkpoint(out, weights_only) or (0, None))[0]
-        env = trainer_env(self.env, {}, extra_env)
+        self.journal.attempt_header(attempt)
+        console = Tail.from_end(log_path)
+        tlog = Tail.from_end(out / "trainer_log.jsonl")
+        checkpoints = CheckpointWatch(out, weights_only)
         config_path = self._trainer_config()
+        state = read_state(self.run_dir)
         try:
-            cmd = trainer_command(find_trainer(self.env), config_path)
-            state = read_state(self.run_dir)
-            cwd = state.base_dir if state.base_dir and Path(state.base_dir).is_dir() else None
-            self.trainer = self.spawn(
-                cmd,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                process_group=0,
-            )
+            self.trainer = trainer = self._start_trainer(extra_env, config_path, state.base_dir)
         except (FtlaunchError, OSError) as exc:
             self._drop_trainer_config(config_path)
-            self._say(f"ftlaunch: cannot start the trainer: {exc}")
-            return 127, f"FileNotFoundError: cannot start the trainer: {exc}", ckpt_before, ckpt_before, None
-        trainer = self.trainer
-        update_state(self.run_dir, trainer_pid=trainer.pid, trainer_start=start_time(trainer.pid))
+            self.journal.say(f"ftlaunch: cannot start the trainer: {exc}")
+            return 127, f"FileNotFoundError: cannot start the trainer: {exc}", checkpoints, None
+        self.journal.trainer_started(trainer.pid, start_time(trainer.pid))
         pump = threading.Thread(target=self._pump, args=(trainer.stdout, log_path), daemon=True)
         pump.start()
-        first: tuple[int, float] | None = None
+        stop = GroupStop(trainer.pid, self.stop_grace, self.clock)
+        rate = prog.StepRate()
         last_step: int | None = None
-        last_ckpt = ckpt_before
-        terminating_since: float | None = None
         records: list[dict] = []
         next_update = 0.0
         next_sample = self.clock() + min(1.0, self.sample_every)
@@ -346,68 +276,37 @@ class Supervisor:
             rc = trainer.poll()
             halt = self.stop_signal is not None or (self.watch is not None and self.watch.halt)
             if halt and rc is None:
-                if terminating_since is None:
-                    terminating_since = self.clock()
-                    append_event(self.run_dir, "stopping", signal=self.stop_signal)
-                    _killpg(trainer.pid, signal.SIGTERM)
-                elif self.clock() - terminating_since > self.stop_grace:
-                    _killpg(trainer.pid, signal.SIGKILL)
+                stop.tick(lambda: self.journal.stopping(self.stop_signal))
             # progress from the trainer's own log, this attempt's lines only
-            if tlog.exists():
-                with open(tlog, "rb") as fb:  # bytes: a torn multibyte write must not raise
-                    fb.seek(tlog_offset)
-                    chunk = fb.read()
-                complete = chunk[: chunk.rfind(b"\n") + 1]
-                tlog_offset += len(complete)
-                new = prog.parse_trainer_log(complete)
-                if new:
-                    records.extend(new)
-                    if self.watch is not None:
-                        self.watch.feed(new)  # a divergence sets watch.halt: the trainer is stopped above
-                    now = time.time()
-                    if first is None:
-                        first = (int(new[0]["current_steps"]), now)
-                    last_step = int(new[-1]["current_steps"])
+            new = tlog.records()
+            if new:
+                records.extend(new)
+                if self.watch is not None:
+                    self.watch.feed(new)  # a divergence sets watch.halt: the trainer is stopped above
+                now = time.time()
+                last_step = int(new[-1]["current_steps"])
+                steps_per_second = rate.update(int(new[0]["current_steps"]), last_step, now)
+                caught_up = recover_until is not None and last_step > recover_until
+                if self.clock() >= next_update or rc is not None or caught_up:
                     p = prog.latest_progress(records)
-                    rate = None
-                    if first and last_step > first[0] and now > first[1]:
-                        rate = (last_step - first[0]) / (now - first[1])
-                    caught_up = recover_until is not None and last_step > recover_until
-                    if self.clock() >= next_update or rc is not None or caught_up:
-                        more: dict[str, Any] = {}
-                        if caught_up:
-                            more["status"] = RunStatus.RUNNING
-                            append_event(self.run_dir, "recovered", attempt=attempt, step=last_step)
-                            recover_until = None
-                        update_state(
-                            self.run_dir,
-                            progress=p.to_dict(),
-                            steps_per_second=rate,
-                            progress_at=now,
-                            **more,
-                        )
-                        next_update = self.clock() + 1.0
+                    self.journal.progress(p, steps_per_second, now, recovered=attempt if caught_up else None)
+                    recover_until = None if caught_up else recover_until
+                    next_update = self.clock() + 1.0
             if on_gpu and self.clock() >= next_sample and rc is None:
                 self._sample_gpu(trainer.pid)
                 next_sample = self.clock() + self.sample_every
-            latest = prog.checkpoint_dirs(out)
-            if latest and latest[-1][0] > last_ckpt and not prog.checkpoint_problems(latest[-1][1], weights_only):
-                last_ckpt = latest[-1][0]
-                append_event(self.run_dir, "checkpoint", step=last_ckpt, path=latest[-1][1].name)
-                update_state(self.run_dir, last_checkpoint=last_ckpt)
+            if landed := checkpoints.landed():
+                self.journal.checkpoint(*landed)
             if rc is not None:
                 break
             time.sleep(self.poll)
         if records:  # the last lines may have arrived while updates were throttled
-            update_state(self.run_dir, progress=prog.latest_progress(records).to_dict())
+            self.journal.last_progress(prog.latest_progress(records))
         pump.join(timeout=10)
-        _killpg(trainer.pid, signal.SIGKILL)  # leave no stray workers of the trainer's group
+        signal_group(trainer.pid, signal.SIGKILL)  # leave no stray workers of the trainer's group
         self._drop_trainer_config(config_path)
-        with open(log_path, errors="replace") as f:
-            f.seek(log_offset)
-            log_text = f.read()
         self.trainer = None
-        return rc, log_text, ckpt_before, last_ckpt, last_step
+        return rc, console.rest(), checkpoints, last_step
 
     def _secrets(self) -> dict[str, Any]:
         """Secret config keys (hub_token, ...): kept out of config.yaml, in a 0600 file of the run."""
@@ -446,12 +345,12 @@ class Supervisor:
                     line = clean.encode()
                 log.write(line)
                 log.flush()
-                if self.echo:
+                if self.journal.echo:
                     try:
                         sys.stdout.buffer.write(line)
                         sys.stdout.buffer.flush()
                     except (OSError, ValueError):
-                        self.echo = False  # the terminal went away; keep logging to the file
+                        self.journal.echo = False  # the terminal went away; keep logging to the file
         stream.close()
 
 
@@ -485,13 +384,6 @@ def with_kernel_evidence(ex: Any, pid: int | None, read: Callable[[], str] = ker
         message=ex.message + f": not the host's OOM killer (the kernel log shows no OOM kill of pid {pid}); "
         "another process or a person sent SIGKILL",
     )
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
