@@ -554,3 +554,11 @@ def test_params_fallback_spec_feeds_the_model() -> None:
     spec = spec_from_param_count("7B")
     assert _states_bytes(spec, FULL) == pytest.approx(18 * 7e9, rel=1e-9)
     assert estimate(spec, TrainSetup()).peak_gib < estimate(spec, FULL).peak_gib
+
+
+def test_a_remembered_micro_batch_caps_the_choice() -> None:
+    spec = SPECS["qwen2.5-1.5b"]
+    free = choose_micro_batch(spec, TrainSetup(), capacity_gib=80, per_device_batch=8)
+    capped = choose_micro_batch(spec, TrainSetup(), capacity_gib=80, per_device_batch=8, max_micro_batch=3)
+    assert free.micro_batch == 8 and capped.micro_batch == 2 and capped.setup.accumulation == 4
+    assert [b for b, _ in capped.tried] == [2]

@@ -53,16 +53,39 @@ def test_observed_peak_is_recorded_beside_the_prediction_and_corrects_the_next_p
     code = Supervisor(run_dir, env, poll=0.05, sample_every=0.1, gpu_sampler=lambda pids: seen).run()
     assert code == 0
     state = read_state(run_dir)
-    assert state["predicted_peak_gib"] == predicted and state["observed_peak_gib"] == round(seen, 3)
+    assert state.predicted_peak_gib == predicted and state.observed_peak_gib == round(seen, 3)
     from ftlaunch.run.view import run_view
 
     view = run_view(run_dir)
     assert (view["predicted_peak_gib"], view["observed_peak_gib"]) == (predicted, round(seen, 3))
-    learned = recall(env, state["memory_key"])["observed"]
+    learned = recall(env, state.memory_key)["observed"]
     assert learned["observed_peak_gib"] == round(seen, 3) and learned["micro_batch"] == p.micro_batch
     _, again = make_plan(req, env)
     assert again.memory["correction"] > 1.2 and again.memory["peak_gib"] > predicted * 1.2
     assert any("observed" in w or "used" in w for w in again.warnings), again.warnings
+
+
+def test_a_remembered_micro_batch_is_planned_once_with_the_memory_model(tmp_path):
+    """What worked after an OOM caps the micro-batch; the plan keeps its memory table and the
+    observed correction (one plan, the chooser included)."""
+    from ftlaunch.plan.memory.store import config_key, remember, remember_observed
+
+    env, req = setup_run(tmp_path)
+    loaded, first = make_plan(req, env)
+    assert first.micro_batch > 1 and first.memory is not None
+    key = config_key(loaded.values, first.hardware.gpu_model, first.global_batch_target)
+    remember(env, key, {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8}, "OOM at step 3")
+    predicted = first.memory["peak_gib"]
+    remember_observed(env, key, observed_peak_gib=predicted * 1.1, predicted_peak_gib=predicted, micro_batch=1)
+    _, again = make_plan(req, env)
+    assert (again.micro_batch, again.accumulation) == (1, 8)
+    assert again.global_batch_target == first.global_batch_target
+    assert again.memory is not None and again.memory["correction"] > 1.05
+    reasons = {c.key: c.reason for c in again.changes}
+    assert (
+        "worked on" in reasons["per_device_train_batch_size"]
+        and "OOM at step 3" in reasons["per_device_train_batch_size"]
+    )
 
 
 def test_no_gpu_no_sample(tmp_path):
@@ -71,7 +94,7 @@ def test_no_gpu_no_sample(tmp_path):
     run_dir = create_run(loaded, p, env)
     calls = []
     assert Supervisor(run_dir, env, poll=0.05, sample_every=0.1, gpu_sampler=lambda pids: calls.append(pids)).run() == 0
-    assert calls == [] and read_state(run_dir).get("observed_peak_gib") is None
+    assert calls == [] and read_state(run_dir).observed_peak_gib is None
 
 
 class FakeNvml:

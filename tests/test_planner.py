@@ -9,7 +9,7 @@ from ftlaunch.plan.batch import split_batch
 from ftlaunch.plan.change import REMOVED
 from ftlaunch.plan.config import dump_yaml, known_keys, load_config, read_header, resolve_paths
 from ftlaunch.plan.hardware import catalog_hardware
-from ftlaunch.plan.planner import PlanOptions, plan
+from ftlaunch.plan.planner import PlanOptions, global_batch_for, plan
 
 from .conftest import EXAMPLES
 
@@ -152,3 +152,12 @@ def test_memory_driven_plan_is_idempotent(name, card, tmp_path):
     adapted.write_text(dump_yaml(first.config, first.header))
     _, again = make_plan(PlanRequest(config=str(adapted), gpu=card, model_config=mc, host_ram_gib=128), {})
     assert again.changes == (), again.changes
+
+
+def test_global_batch_target_is_what_plan_keeps():
+    values = {"per_device_train_batch_size": 3, "gradient_accumulation_steps": 3}
+    gb = global_batch_for(values, 2, PlanOptions(source_gpus=1))
+    assert (gb.source, gb.per_device, gb.target) == (9, 4, 8) and "nearest achievable" in gb.warning
+    p = plan(values, catalog_hardware("A100-80GBx2"), PlanOptions(source_gpus=1))
+    assert (p.global_batch_source, p.global_batch_target) == (gb.source, gb.target) and gb.warning in p.warnings
+    assert global_batch_for(values, 3, meta={"world_size": 2}).target == 18

@@ -97,6 +97,49 @@ class _Editor:
             self._record(key, self.values.pop(key), REMOVED, reason)
 
 
+@dataclass(frozen=True)
+class GlobalBatch:
+    """The global batch a config asks for (``source``, and ``why``) and the one kept on the target
+    machine: ``per_device`` x world size = ``target``, equal to ``source`` where it divides."""
+
+    source: int
+    why: str
+    per_device: int
+    target: int
+    warning: str | None = None  # said when the target is only the nearest achievable
+
+
+def global_batch_for(
+    values: Mapping[str, Any],
+    world_size: int,
+    options: PlanOptions = PlanOptions(),
+    meta: Mapping[str, Any] | None = None,
+) -> GlobalBatch:
+    """The global batch ``plan`` keeps for ``values`` on ``world_size`` devices. Pure.
+
+    Source: ``options.global_batch``, else micro-batch x accumulation x the world size the config
+    was written for (``options.source_gpus``, else the ftlaunch header's ``meta``, else 1)."""
+    micro_src = int(values.get("per_device_train_batch_size", 8) or 8)
+    accum_src = int(values.get("gradient_accumulation_steps", 1) or 1)
+    if options.source_gpus is not None:
+        source_world = options.source_gpus
+    else:
+        source_world = int((meta or {}).get("world_size", 1))
+    if options.global_batch is not None:
+        g_source, why = options.global_batch, "--global-batch"
+    else:
+        g_source, why = micro_src * accum_src * source_world, f"{micro_src} x {accum_src} x {source_world} GPU(s)"
+    per_device, rem = divmod(g_source, world_size)
+    if rem or per_device == 0:
+        per_device = max(1, round(g_source / world_size))
+        warning = (
+            f"global batch {g_source} does not divide over {world_size} GPUs; "
+            f"using {per_device * world_size}, the nearest achievable"
+        )
+        return GlobalBatch(g_source, why, per_device, per_device * world_size, warning)
+    return GlobalBatch(g_source, why, per_device, g_source)
+
+
 def precision_for(values: Mapping[str, Any], hw: Hardware) -> tuple[str, list[Change]]:
     """Decide precision. Returns (label, the changes it needs)."""
     wants_bf16 = bool(values.get("bf16")) or bool(values.get("pure_bf16"))
@@ -141,8 +184,9 @@ def plan(
     """Adapt a merged llamafactory config to ``hardware``.
 
     ``meta`` is the ftlaunch header of an already adapted config (its world size and global batch).
-    ``memory_chooser(values, hardware, per_device, preferred_micro)`` -> MemoryDecision or None:
-    supplied by the shell when a model spec is known (see ftlaunch.plan.memory.adapt).
+    ``memory_chooser(values, hardware, per_device, most)`` -> MemoryDecision or None: supplied by the
+    shell when a model spec is known (see ftlaunch.plan.memory.adapt); ``most`` is the remembered
+    micro-batch (``options.remembered_micro_batch``), the largest it may choose, or None.
     """
     meta = meta or {}
     ed = _Editor(values)
@@ -168,35 +212,20 @@ def plan(
         env["NPROC_PER_NODE"] = str(world)
 
     # --- global batch
+    gb = global_batch_for(values, world, options, meta)
+    if gb.warning:
+        warnings.append(gb.warning)
+    per_device, g_source, g_target = gb.per_device, gb.source, gb.target
     micro_src = int(values.get("per_device_train_batch_size", 8) or 8)
-    accum_src = int(values.get("gradient_accumulation_steps", 1) or 1)
-    if options.source_gpus is not None:
-        source_world = options.source_gpus
-    else:
-        source_world = int(meta.get("world_size", 1))
-    if options.global_batch is not None:
-        g_source = options.global_batch
-        g_why = "--global-batch"
-    else:
-        g_source = micro_src * accum_src * source_world
-        g_why = f"{micro_src} x {accum_src} x {source_world} GPU(s)"
-    per_device, rem = divmod(g_source, world)
-    if rem or per_device == 0:
-        per_device = max(1, round(g_source / world))
-        warnings.append(
-            f"global batch {g_source} does not divide over {world} GPUs; "
-            f"using {per_device * world}, the nearest achievable"
-        )
-    g_target = per_device * world
 
-    preferred = options.remembered_micro_batch or micro_src
-    micro, accum = split_batch(per_device, preferred)
+    remembered = options.remembered_micro_batch
+    micro, accum = split_batch(per_device, remembered or micro_src)
     memory: Mapping[str, Any] | None = None
-    batch_reason = f"keeps global batch {g_source} ({g_why}) on {world} device(s)"
-    if options.remembered_micro_batch:
+    batch_reason = f"keeps global batch {g_source} ({gb.why}) on {world} device(s)"
+    if remembered:
         batch_reason = options.remembered_reason or "micro-batch that worked last time on this card"
     if memory_chooser is not None:
-        decision = memory_chooser(ed.values, hardware, per_device, preferred)
+        decision = memory_chooser(ed.values, hardware, per_device, remembered)
         if decision is not None:
             memory = decision.memory
             warnings.extend(decision.warnings)
@@ -208,7 +237,8 @@ def plan(
             env.update(decision.env)
             if decision.micro_batch is not None:
                 micro, accum = decision.micro_batch, per_device // decision.micro_batch
-                if decision.batch_reason and not options.remembered_micro_batch:
+                # the remembered micro-batch explains the choice only when it is the one taken
+                if decision.batch_reason and micro != remembered:
                     batch_reason = decision.batch_reason
     if g_target != g_source:
         batch_reason += f"; global batch {g_source} -> {g_target} (nearest divisible)"

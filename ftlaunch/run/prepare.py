@@ -18,8 +18,9 @@ from ftlaunch.plan.config import (
     resolve_paths,
 )
 from ftlaunch.plan.hardware import Hardware, catalog_hardware, load_hardware_file, probe
+from ftlaunch.plan.memory.adapt import make_memory_chooser, model_spec_for
 from ftlaunch.plan.memory.store import config_key, recall
-from ftlaunch.plan.planner import Plan, PlanOptions, plan
+from ftlaunch.plan.planner import Plan, PlanOptions, global_batch_for, plan
 
 
 @dataclass(frozen=True)
@@ -84,35 +85,28 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
 
         datasets = prefetch_datasets(values, req.mirror, env, cwd=loaded.base_dir, progress=sys.stderr.isatty())
     hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
-    g_source = req.global_batch
-    from ftlaunch.plan.memory.adapt import make_memory_chooser, model_spec_for
-
     model_config = req.model_config
     if fetched is not None and model_config is None and (Path(fetched.path) / "config.json").exists():
         model_config = str(Path(fetched.path) / "config.json")
     spec, spec_note = model_spec_for(values, req.params, model_config)
     if spec_note:
         warnings.append(spec_note)
-    chooser = make_memory_chooser(spec, ds, headroom=req.headroom) if spec is not None else None
-    options = PlanOptions(source_gpus=req.source_gpus, global_batch=g_source, headroom=req.headroom)
-    p = plan(values, hw, options, meta=loaded.meta, memory_chooser=chooser)
-    # What worked on this card before (learned from a recovered run) wins over the first guess.
-    key = config_key(loaded.values, hw.gpu_model, p.global_batch_target)
-    learned = recall(env, key)
-    if chooser is not None and learned and learned.get("observed"):
-        # A run of this config on this card used more than predicted: plan with the correction.
-        chooser = make_memory_chooser(spec, ds, headroom=req.headroom, observed=learned["observed"])
-        p = plan(values, hw, options, meta=loaded.meta, memory_chooser=chooser)
-    if learned and learned.get("micro_batch") and learned["micro_batch"] != p.micro_batch:
-        options = PlanOptions(
-            source_gpus=req.source_gpus,
-            global_batch=g_source,
-            headroom=req.headroom,
+    options = PlanOptions(source_gpus=req.source_gpus, global_batch=req.global_batch, headroom=req.headroom)
+    # What worked on this card before: the micro-batch a recovered run settled on (the most the
+    # chooser may take) and the GPU memory a run was seen to use (the chooser's correction).
+    target = global_batch_for(values, hw.world_size, options, loaded.meta).target
+    learned = recall(env, config_key(loaded.values, hw.gpu_model, target)) or {}
+    if learned.get("micro_batch"):
+        options = replace(
+            options,
             remembered_micro_batch=int(learned["micro_batch"]),
             remembered_reason=f"micro-batch {learned['micro_batch']} worked on {hw.gpu_model} "
             f"after an OOM ({learned.get('learned_from')})",
         )
-        p = plan(values, hw, options, meta=loaded.meta, memory_chooser=None)
+    chooser = None
+    if spec is not None:
+        chooser = make_memory_chooser(spec, ds, headroom=req.headroom, observed=learned.get("observed"))
+    p = plan(values, hw, options, meta=loaded.meta, memory_chooser=chooser)
     resolved = [k for k in PATH_KEYS if k in values and loaded.values.get(k) != values.get(k)]
     if resolved:
         p = Plan(**{**p.__dict__, "extra": {**dict(p.extra), "resolved_paths": resolved}})

@@ -119,7 +119,7 @@ def make_memory_chooser(
     optim_default, optim_why = default_optim or installed_default_optimizer()
     correction, correction_why = correction_from(observed)
 
-    def choose(values: Mapping[str, Any], hw: Hardware, per_device: int, preferred: int) -> MemoryDecision | None:
+    def choose(values: Mapping[str, Any], hw: Hardware, per_device: int, most: int | None) -> MemoryDecision | None:
         if not hw.gpus:
             return None  # CPU training: host RAM, not a card, is the limit; no micro-batch model
         ds = deepspeed_config if values.get("deepspeed") else None
@@ -139,6 +139,7 @@ def make_memory_chooser(
             bf16_capable=hw.bf16,
             can_flash=all(g.flash_attn for g in hw.gpus),
             correction=correction,
+            max_micro_batch=most,
         )
         est = choice.estimate.to_dict()
         usable = capacity * (1 - headroom)
@@ -184,9 +185,10 @@ def make_memory_chooser(
             env.update(launch_env)
             edits.append(replace(change, new=new))
         warnings: tuple[str, ...] = (correction_why,) if correction_why else ()
+        upto = f", at most {most} (what worked on this card before)," if most else ""
         if choice.verdict == TIGHT:
             reason = (
-                f"TIGHT: largest micro-batch dividing {per_device} within the card: predicted peak "
+                f"TIGHT: largest micro-batch dividing {per_device}{upto} within the card: predicted peak "
                 f"{est['peak_gib']:.2f} GiB of {capacity:.2f} GiB leaves {choice.headroom_share:.1%} "
                 f"({choice.headroom_gib:.2f} GiB) headroom, less than the {headroom:.0%} target"
             )
@@ -197,7 +199,7 @@ def make_memory_chooser(
             )
         else:
             reason = (
-                f"largest micro-batch dividing {per_device} that fits: predicted peak "
+                f"largest micro-batch dividing {per_device}{upto} that fits: predicted peak "
                 f"{est['peak_gib']:.1f} GiB <= {usable:.1f} GiB usable ({capacity:.0f} GiB, {headroom:.0%} headroom); "
                 f"fits, {choice.headroom_share:.0%} of the card free"
             )

@@ -94,6 +94,7 @@ def choose_micro_batch(
     bf16_capable: bool = True,
     can_flash: bool = False,
     correction: float = 1.0,
+    max_micro_batch: int | None = None,
 ) -> Choice:
     """Largest divisor of ``per_device_batch`` whose peak fits in capacity*(1-headroom).
 
@@ -106,7 +107,8 @@ def choose_micro_batch(
     are never changed; if nothing fits ``micro_batch`` is None, the verdict *does_not_fit*, and
     ``alternatives`` lists what would, ordered by how much each changes the training.
     ``host_ram_note`` says where ``host_ram_gib`` comes from when it is an assumption;
-    ``correction`` scales every predicted peak (see :func:`corrected`).
+    ``correction`` scales every predicted peak (see :func:`corrected`); ``max_micro_batch`` (what
+    worked on this card before) caps the micro-batches tried.
     """
     if per_device_batch < 1:
         raise ValueError("per_device_batch must be >= 1")
@@ -115,7 +117,7 @@ def choose_micro_batch(
     usable = capacity_gib * (1 - headroom)
     tight_limit = capacity_gib * (1 - min(headroom, MIN_HEADROOM))
     host_usable = host_ram_gib * (1 - headroom) if host_ram_gib is not None else None
-    cands = divisors_desc(per_device_batch)
+    cands = [d for d in divisors_desc(per_device_batch) if max_micro_batch is None or d <= max_micro_batch]
     changes: list[Change] = []
     est_fn = corrected(spec, correction)
 
