@@ -1,4 +1,7 @@
-"""ftlaunch.run.prepare."""
+"""Making a plan for a request: load and resolve the config, find the hardware (probe, catalog or
+file), fetch from the hub when asked, size the model, recall what worked on this card before, and
+plan once with the memory model (``make_plan``). The shell around the pure ``planner.plan``.
+"""
 
 from __future__ import annotations
 
