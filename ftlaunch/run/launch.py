@@ -14,6 +14,7 @@ from typing import IO, Any
 
 from ftlaunch.errors import BusyError, StateError
 from ftlaunch.files import now_iso, to_json
+from ftlaunch.locks import set_owner
 from ftlaunch.plan.config import (
     LoadedConfig,
     dump_yaml,
@@ -119,13 +120,11 @@ def new_run(
 ) -> tuple[Path, IO[str]]:
     """`train`: claim the output_dir, then create the run. The lock returned is held: pass it on to
     `start_detached` or `Supervisor(lock=...)`, so no second run can start in between."""
-    from ftlaunch.run.outdir import relabel_lock
-
     lock, record = claim_output_dir(env, loaded, p, existing)
     try:
         extra = {**dict(settings.pop("extra_state", None) or {}), **record}
         run_dir = create_run(loaded, p, env, extra_state=extra, **settings)
-        relabel_lock(lock, run_dir.name)
+        set_owner(lock, run_dir.name)  # a new run's id is known only once it exists
         if record:
             append_event(run_dir, "output_dir_claimed", **record)
     except BaseException:

@@ -12,7 +12,7 @@ from typing import IO, Any
 
 from ftlaunch.errors import BusyError, ConfigError, StateError
 from ftlaunch.files import home
-from ftlaunch.locks import try_flock
+from ftlaunch.locks import flock_open, try_flock
 from ftlaunch.plan.config import (
     LoadedConfig,
 )
@@ -163,25 +163,17 @@ def acquire_output_lock(env: Mapping[str, str], output_dir: str, run_id: str) ->
     return got
 
 
-def relabel_lock(lock: IO[str], owner: str) -> None:
-    """Write the holder's name into a lock we hold (a new run's id is known only once it exists)."""
-    lock.seek(0)
-    lock.truncate()
-    lock.write(owner)
-    lock.flush()
-
-
 def adopt_lock(fd: int) -> IO[str]:
     """The output_dir lock handed down by the process that started us (``--lock-fd``).
 
     flock belongs to the open file, which parent and child now share: re-locking it succeeds only
     if it is really held by that file, so a stray fd number fails here rather than racing later."""
-    import fcntl
-
     f = os.fdopen(fd, "a+")
     try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        ok = flock_open(f)
     except OSError:
+        ok = False
+    if not ok:
         f.close()
-        raise BusyError("the output_dir lock handed to the supervisor is not held") from None
+        raise BusyError("the output_dir lock handed to the supervisor is not held")
     return f

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ftlaunch.plan.batch import divisors_desc
 from ftlaunch.plan.offload import ZERO3_OFFLOAD
 from ftlaunch.run.state import Budget, FailureKind
 
@@ -149,11 +150,6 @@ class Decision:
     budget: Budget = Budget()
 
 
-def _divisors_below(total: int, current: int) -> list[int]:
-    """Micro-batches below ``current`` that divide the global batch exactly, largest first."""
-    return [d for d in range(current - 1, 0, -1) if total % d == 0]
-
-
 def signature(config: dict[str, Any]) -> str:
     """What makes one configuration distinct for the OOM budget."""
     return (
@@ -199,7 +195,7 @@ def oom_step(
     micro = int(config.get("per_device_train_batch_size") or 1)
     accum = int(config.get("gradient_accumulation_steps") or 1)
     total = micro * accum
-    below = _divisors_below(total, micro)
+    below = [d for d in divisors_desc(total) if d < micro]  # micro-batches that keep it exact
     if not below:
         rungs = _bottom_rungs(config, offload_ok)
         return rungs[0] if rungs else None

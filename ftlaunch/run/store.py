@@ -12,21 +12,21 @@ Layout of ``$FTLAUNCH_HOME/runs/<id>/``:
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import RunNotFoundError, StateError, StateVersionError
 from ftlaunch.files import home, now_iso, write_json_atomic
+from ftlaunch.locks import held
 from ftlaunch.run.state import RunState
 
 
@@ -117,15 +117,9 @@ def write_state(run_dir: Path, state: RunState) -> None:
     write_json_atomic(run_dir / "state.json", state.to_json())
 
 
-@contextmanager
-def state_lock(run_dir: Path) -> Iterator[None]:
+def state_lock(run_dir: Path) -> AbstractContextManager[None]:
     """Serialise read-modify-write of one run's state across processes (supervisor, stop, resume)."""
-    fd = os.open(run_dir / ".state.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return held(run_dir / ".state.lock")
 
 
 def update_state(run_dir: Path, **changes: Any) -> RunState:
