@@ -304,6 +304,22 @@ def test_case9_state_of_an_unknown_version_is_refused_never_overwritten(tmp_path
     assert not list(run_dir.glob("state.json.corrupt-*"))
 
 
+def test_case9_keys_of_another_minor_version_are_kept_and_an_unknown_status_is_refused(tmp_path, fake, isolated_home):
+    run_dir = _finished_run(tmp_path, fake, isolated_home)
+    newer = {**read_state(run_dir).to_json(), "future_field": {"a": [1, 2]}}
+    (run_dir / "state.json").write_text(json.dumps(newer))
+    state = update_state(run_dir, message="edited")
+    assert state.extra == {"future_field": {"a": [1, 2]}} and state.message == "edited"
+    assert json.loads((run_dir / "state.json").read_text())["future_field"] == {"a": [1, 2]}
+    unknown = {**newer, "status": "hibernating"}
+    (run_dir / "state.json").write_text(json.dumps(unknown))
+    with pytest.raises(StateError, match="hibernating"):
+        update_state(run_dir, message="x")
+    r = cli("resume", run_dir.name, "--foreground")  # not rebuilt over
+    assert r.exit_code == 12 and json.loads((run_dir / "state.json").read_text()) == unknown
+    assert not list(run_dir.glob("state.json.corrupt-*"))
+
+
 # ---------------------------------------------------------------- case 10
 
 

@@ -100,6 +100,15 @@ def _tuple_or_none(value: Any) -> tuple[str, ...] | None:
     return None if value is None else tuple(str(v) for v in value)
 
 
+# The state fields that hold one of a fixed set of words.
+_KINDS: dict[str, type[StrEnum]] = {
+    "status": RunStatus,
+    "failure_kind": FailureKind,
+    "last_failure": FailureKind,
+    "on_diverge": OnDiverge,
+}
+
+
 @dataclass(frozen=True)
 class RunState:
     """What state.json holds. A field that is None is not written (readers see it as absent)."""
@@ -193,6 +202,13 @@ class RunState:
         values = {k: v for k, v in data.items() if k in known}
         extra = {k: v for k, v in data.items() if k not in known}
         values.setdefault("id", "")
+        for key, kind in _KINDS.items():
+            if values.get(key) is not None and values[key] not in {m.value for m in kind}:
+                # Most likely written by a newer ftlaunch: refused like another version, never rebuilt.
+                raise StateVersionError(
+                    f"{where} has {key} {values[key]!r}, which this ftlaunch does not know; not touching it",
+                    hint="use the ftlaunch version that made the run",
+                )
         try:
             return cls(**values, extra=extra)
         except (TypeError, ValueError) as exc:
