@@ -112,7 +112,6 @@ def _one_line(exc: Exception) -> str:
 def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """(the overrides merged as llamafactory-cli merges them, problems)."""
     from omegaconf import OmegaConf
-
     from omegaconf.errors import OmegaConfBaseException
 
     nodes, problems = _from_cli(items)
