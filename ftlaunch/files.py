@@ -1,4 +1,7 @@
-"""ftlaunch.files."""
+"""The ground's file helpers: where ftlaunch keeps its state (``home``), UTC time stamps, strict
+JSON text, and atomic writes (a temp file in the same folder, then ``os.replace``: readers see the
+old file or the new one, never half of one). Imports nothing of ftlaunch.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""ftlaunch.plan.change."""
+"""The one ``Change(key, old, new, reason)`` type: every adaptation ftlaunch makes to a config, by
+the planner, the memory chooser, the hub (pre-downloaded weights and datasets) or the OOM ladder,
+is one of these, shown as a row of the plan table and kept in plan.json.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""ftlaunch.plan.render."""
+"""Rendering a plan for people (rich tables) and for plan.txt: the changes table, the memory table,
+the hardware summary and the alternatives when a setup does not fit. No decisions here.
+"""
 
 from __future__ import annotations
 
