@@ -473,7 +473,7 @@ def test_precedence_explicit_then_env_then_probe() -> None:
 
 # ------------------------------------------------------------------------------------------------- misc
 def test_offline_env() -> None:
-    assert offline_env("/some/snapshot") == {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    assert offline_env() == {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def test_modelscope_without_package_is_hub_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,14 +16,12 @@ import pytest
 import yaml
 
 from ftlaunch.hub.datasets import (
-    INFO_KEY,
-    RUN_DIR,
+    INFO_FILE,
     SUMMARY_KEY,
     DatasetPrefetch,
     HubDataset,
     adapt_config,
     adapt_dataset_info,
-    bind_run_dir,
     dataset_names,
     download_patterns,
     hub_datasets,
@@ -137,41 +135,44 @@ def test_adapt_dataset_info_online_builds_entries_from_repo_ids():
     assert [c.key for c in changes] == ["dataset_info[org/a].hf_hub_url"]
 
 
+RUN = "/runs/20261201-120000-abcd"  # the run's folder, fixed before planning
+
+
 def test_adapt_config_moves_dataset_dir_and_keeps_media_dir():
-    updates, changes = adapt_config({"dataset_dir": "/home/u/data"}, ["org/x"])
-    assert updates == {"dataset_dir": RUN_DIR, "media_dir": "/home/u/data"}
+    updates, changes = adapt_config({"dataset_dir": "/home/u/data"}, ["org/x"], run_dir=RUN)
+    assert updates == {"dataset_dir": RUN, "media_dir": "/home/u/data"}
     assert [c.key for c in changes] == ["dataset_dir", "media_dir"] and "org/x" in changes[0].reason
-    updates, _ = adapt_config({"dataset_dir": "/home/u/data", "media_dir": "/m"}, ["org/x"])
-    assert updates == {"dataset_dir": RUN_DIR}
-    updates, _ = adapt_config({"dataset_dir": "ONLINE"}, ["org/x"])
-    assert updates == {"dataset_dir": RUN_DIR}
+    updates, _ = adapt_config({"dataset_dir": "/home/u/data", "media_dir": "/m"}, ["org/x"], run_dir=RUN)
+    assert updates == {"dataset_dir": RUN}
+    updates, _ = adapt_config({"dataset_dir": "ONLINE"}, ["org/x"], run_dir=Path(RUN))
+    assert updates == {"dataset_dir": RUN}
 
 
 def _plan():
     return plan({"dataset": "hub", "dataset_dir": "/home/u/data", "bf16": True}, catalog_hardware("A100-80GB"))
 
 
-def test_with_datasets_then_bind_run_dir():
+def test_with_datasets_makes_the_plan_for_one_run():
     d = DatasetPrefetch(
         info={"hub": {"hf_hub_url": "/snap"}},
-        config={"dataset_dir": RUN_DIR},
-        changes=(Change("dataset_dir", "/home/u/data", RUN_DIR, "why"),),
+        config={"dataset_dir": RUN},
+        changes=(Change("dataset_dir", "/home/u/data", RUN, "why"),),
         downloads=({"repo_id": "org/x", "path": "/snap"},),
         warnings=("w",),
     )
-    p = with_datasets(_plan(), d)
-    assert p.config["dataset_dir"] == RUN_DIR and p.env["HF_DATASETS_OFFLINE"] == "1" and "w" in p.warnings
-    bound, info = bind_run_dir(p, Path("/runs/r1"))
-    assert info == {"hub": {"hf_hub_url": "/snap"}}
-    assert bound.config["dataset_dir"] == "/runs/r1"
-    assert [c.new for c in bound.changes if c.key == "dataset_dir"] == ["/runs/r1"]
-    assert INFO_KEY not in bound.to_dict() and bound.to_dict()[SUMMARY_KEY][0]["repo_id"] == "org/x"
-    assert bind_run_dir(_plan(), "/runs/r2") == (_plan(), None)
+    p = with_datasets(_plan(), d, "20261201-120000-abcd")
+    assert p.config["dataset_dir"] == RUN and p.env["HF_DATASETS_OFFLINE"] == "1" and "w" in p.warnings
+    assert p.run_id == "20261201-120000-abcd" and p.files == {INFO_FILE: {"hub": {"hf_hub_url": "/snap"}}}
+    assert [c.new for c in p.changes if c.key == "dataset_dir"] == [RUN]
+    plan_json = p.to_dict()  # the payload goes to the run's folder, not into plan.json
+    assert "dataset_info" not in plan_json and INFO_FILE not in json.dumps(plan_json)
+    assert plan_json[SUMMARY_KEY][0]["repo_id"] == "org/x"
+    assert _plan().run_id is None and _plan().files == {}
 
 
 def test_with_datasets_without_downloads_only_warns():
-    p = with_datasets(_plan(), DatasetPrefetch({}, {}, (), (), ("not pre-downloaded",)))
-    assert p.config == _plan().config and INFO_KEY not in p.extra and "not pre-downloaded" in p.warnings
+    p = with_datasets(_plan(), DatasetPrefetch({}, {}, (), (), ("not pre-downloaded",)), "r")
+    assert p.config == _plan().config and p.files == {} and p.run_id is None and "not pre-downloaded" in p.warnings
 
 
 # ------------------------------------------------------------------------------------------------- shell
@@ -201,7 +202,7 @@ def test_prefetch_datasets_downloads_and_the_result_loads_offline(tmp_path, onli
     values = {"dataset": "hub", "eval_dataset": "loc", "dataset_dir": str(data)}
     with FakeHub(datasets={"org/alpaca-tiny": {**DATASET_FILES, "other/big.json": b"[]"}}) as h:
         url = h.url
-        d = prefetch_datasets(values, url, online, cwd=tmp_path, progress=False)
+        d = prefetch_datasets(values, url, online, run_dir=RUN, cwd=tmp_path, progress=False)
         asked = {r.path for r in h.requests}
     assert d is not None
     assert "/api/datasets/org/alpaca-tiny" in asked
@@ -209,7 +210,7 @@ def test_prefetch_datasets_downloads_and_the_result_loads_offline(tmp_path, onli
     snap = d.info["hub"]["hf_hub_url"]
     assert snap.startswith(str(tmp_path / "hf" / "hub" / "datasets--org--alpaca-tiny" / "snapshots"))
     assert d.info["hub"]["folder"] == "data" and d.info["loc"]["file_name"] == str(data / "loc.json")
-    assert d.config == {"dataset_dir": RUN_DIR, "media_dir": str(data)}
+    assert d.config == {"dataset_dir": RUN, "media_dir": str(data)}
     assert d.downloads[0]["repo_id"] == "org/alpaca-tiny" and d.downloads[0]["endpoint"] == url
     assert json.loads((data / "dataset_info.json").read_text()) == info  # the user's file is unchanged
 
@@ -226,8 +227,11 @@ def test_prefetch_datasets_downloads_and_the_result_loads_offline(tmp_path, onli
 
 def test_prefetch_datasets_is_none_without_hub_datasets(tmp_path, online):
     (tmp_path / "dataset_info.json").write_text(json.dumps({"loc": {"file_name": "x.json"}}))
-    assert prefetch_datasets({"dataset": "loc", "dataset_dir": str(tmp_path)}, "http://127.0.0.1:9", online) is None
-    assert prefetch_datasets({"dataset_dir": str(tmp_path)}, "http://127.0.0.1:9", online) is None
+    assert (
+        prefetch_datasets({"dataset": "loc", "dataset_dir": str(tmp_path)}, "http://127.0.0.1:9", online, run_dir=RUN)
+        is None
+    )
+    assert prefetch_datasets({"dataset_dir": str(tmp_path)}, "http://127.0.0.1:9", online, run_dir=RUN) is None
 
 
 # ------------------------------------------------------------------------------------------------- end to end
@@ -274,7 +278,7 @@ def test_train_with_mirror_predownloads_hub_dataset_and_trains_offline(tiny, tmp
     assert run_info["hub_alpaca"]["hf_hub_url"].startswith(str(tmp_path / "hf" / "hub" / "datasets--org--alpaca-tiny"))
     assert run_info["alpaca_tiny"]["file_name"] == str(data / "alpaca_tiny.json")
     plan_json = json.loads((run_dir / "plan.json").read_text())
-    assert plan_json["env"]["HF_DATASETS_OFFLINE"] == "1" and INFO_KEY not in plan_json
+    assert plan_json["env"]["HF_DATASETS_OFFLINE"] == "1" and "dataset_info" not in plan_json
     assert plan_json[SUMMARY_KEY][0]["repo_id"] == "org/alpaca-tiny"
     assert any(c["key"] == "dataset_dir" and c["new"] == str(run_dir) for c in plan_json["changes"])
     assert json.loads((run_dir / "state.json").read_text())["status"] == "succeeded"

@@ -19,12 +19,13 @@ with ``repo_type="dataset"``), then a copy of ``dataset_info.json`` is written i
   against the original ``dataset_dir`` (LLaMA-Factory joins them with ``os.path.join(dataset_dir, ...)``, which
   keeps an absolute path as is).
 
-The adapted config's ``dataset_dir`` becomes the run folder (``RUN_DIR`` until ``create_run`` knows it) and, when
+The adapted config's ``dataset_dir`` becomes the run folder (its path is fixed before planning: the plan carries
+the run's id and the adapted ``dataset_info.json`` in ``Plan.files``, which ``create_run`` writes there) and, when
 the config does not set ``media_dir`` (which defaults to ``dataset_dir``), ``media_dir`` becomes the original
 folder so relative image/video/audio paths still resolve. The user's ``dataset_info.json`` is never modified.
 
 Pure parts (``dataset_names``, ``hub_datasets``, ``download_patterns``, ``adapt_dataset_info``, ``adapt_config``,
-``with_datasets``, ``bind_run_dir``) take and return plain data; ``prefetch_datasets`` is the shell that reads the
+``with_datasets``) take and return plain data; ``prefetch_datasets`` is the shell that reads the
 file and downloads.
 """
 
@@ -33,18 +34,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError
+from ftlaunch.hub.download import offline_env
 from ftlaunch.hub.repo import HubSettings, is_repo_id
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.planner import Plan
 
 INFO_FILE = "dataset_info.json"
-RUN_DIR = "{run_dir}"  # stands for the run folder in a plan until create_run knows its path
-INFO_KEY = "dataset_info"  # Plan.extra: the adapted dataset_info.json, written into the run folder by create_run
 SUMMARY_KEY = "hub_datasets"  # Plan.extra: what was downloaded (goes into plan.json)
 ONLINE = "ONLINE"
 _OTHER_HUBS = ("ms_hub_url", "om_hub_url")
@@ -173,11 +173,12 @@ def _local_keys(entry: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def adapt_config(
-    values: Mapping[str, Any], repo_ids: Iterable[str], *, run_dir: str = RUN_DIR
+    values: Mapping[str, Any], repo_ids: Iterable[str], *, run_dir: str | Path
 ) -> tuple[dict[str, Any], list[Change]]:
     """Config keys to set so LLaMA-Factory reads the run's dataset_info.json: ``dataset_dir`` (and ``media_dir``)."""
     old = str(values.get("dataset_dir", "data"))
     repos = ", ".join(sorted(set(repo_ids)))
+    run_dir = str(run_dir)
     updates: dict[str, Any] = {"dataset_dir": run_dir}
     if old == ONLINE:
         why = f"the run's own {INFO_FILE} points the hub dataset(s) {repos} to their local snapshots"
@@ -210,36 +211,21 @@ class DatasetPrefetch:
     warnings: tuple[str, ...] = field(default=())
 
 
-def with_datasets(p: Plan, d: DatasetPrefetch) -> Plan:
-    """The plan with the adapted config, the changes, offline env and the files for create_run."""
+def with_datasets(p: Plan, d: DatasetPrefetch, run_id: str) -> Plan:
+    """The plan for run ``run_id`` with the adapted config, the changes, the offline env and the run's own
+    dataset_info.json (``Plan.files``, written by create_run)."""
     if not d.downloads:
-        return Plan(**{**p.__dict__, "warnings": (*p.warnings, *d.warnings)})
-    config = {**p.config, **d.config}
-    env = {**p.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    extra = {**dict(p.extra), SUMMARY_KEY: [dict(x) for x in d.downloads], INFO_KEY: d.info}
-    return Plan(
-        **{
-            **p.__dict__,
-            "config": config,
-            "changes": (*p.changes, *d.changes),
-            "env": env,
-            "extra": extra,
-            "warnings": (*p.warnings, *d.warnings),
-        }
+        return replace(p, warnings=(*p.warnings, *d.warnings))
+    return replace(
+        p,
+        config={**p.config, **d.config},
+        changes=(*p.changes, *d.changes),
+        env={**p.env, **offline_env()},
+        extra={**dict(p.extra), SUMMARY_KEY: [dict(x) for x in d.downloads]},
+        warnings=(*p.warnings, *d.warnings),
+        run_id=run_id,
+        files={**dict(p.files), INFO_FILE: d.info},
     )
-
-
-def bind_run_dir(p: Plan, run_dir: str | Path) -> tuple[Plan, dict[str, Any] | None]:
-    """Put the run folder where the plan says RUN_DIR; return the plan (without the dataset_info payload in
-    ``extra``) and the dataset_info.json to write there (None: nothing to write)."""
-    if INFO_KEY not in p.extra:
-        return p, None
-    extra = {k: v for k, v in p.extra.items() if k != INFO_KEY}
-    info = dict(p.extra[INFO_KEY])
-    where = str(run_dir)
-    config = {k: (where if v == RUN_DIR else v) for k, v in p.config.items()}
-    changes = tuple(Change(c.key, c.old, where, c.reason) if c.new == RUN_DIR else c for c in p.changes)
-    return Plan(**{**p.__dict__, "config": config, "changes": changes, "extra": extra}), info
 
 
 # ------------------------------------------------------------------------------------------------ shell
@@ -262,12 +248,13 @@ def prefetch_datasets(
     mirror: str | None,
     env: Mapping[str, str],
     *,
+    run_dir: str | Path,
     cwd: str | Path | None = None,
     progress: bool = True,
     on_retry: Callable[..., None] | None = None,
 ) -> DatasetPrefetch | None:
     """Download the hub datasets named in ``values`` (paths already resolved) and adapt dataset_info.json for the
-    run. None when the config names no hub dataset."""
+    run whose folder will be ``run_dir``. None when the config names no hub dataset."""
     from ftlaunch import hub
 
     names = dataset_names(values)
@@ -340,5 +327,5 @@ def prefetch_datasets(
         )
     why = f"pre-downloaded from {choice.url} ({choice.reason})"
     new_info, info_changes = adapt_dataset_info(info, names, downloaded, dataset_dir, why=why)
-    updates, config_changes = adapt_config({**values, "dataset_dir": dataset_dir}, downloaded)
+    updates, config_changes = adapt_config({**values, "dataset_dir": dataset_dir}, downloaded, run_dir=run_dir)
     return DatasetPrefetch(new_info, updates, (*config_changes, *info_changes), tuple(downloads), tuple(warnings))

@@ -21,12 +21,9 @@ from .verify import _check_snapshot, _quarantine, _verify_error
 log = logging.getLogger(__name__)
 
 
-def offline_env(snapshot_path: str | Path) -> dict[str, str]:
-    """Environment for the training process once the snapshot is on disk: no hub traffic at all.
-
-    Pass ``snapshot_path`` itself as ``model_name_or_path``; then nothing needs the network (or the cache layout).
-    """
-    del snapshot_path  # the variables do not depend on it; kept in the signature for the caller's clarity
+def offline_env() -> dict[str, str]:
+    """Environment for the training process once its model and datasets are on disk: no hub traffic at all
+    (the one place these variables are set; pass the snapshot path itself as ``model_name_or_path``)."""
     return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 

@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from ftlaunch.plan.config import truthy
+
 from ..errors import ConfigError
 
 KNOWN_ENDPOINTS: dict[str, str] = {"hf": "https://huggingface.co", "hf-mirror": "https://hf-mirror.com"}
@@ -53,13 +55,13 @@ def choose_endpoint(
     if hf_endpoint:
         url = _check_url(hf_endpoint, what="HF_ENDPOINT")
         return EndpointChoice(_name_for_url(url), url, f"HF_ENDPOINT is set ({url})")
-    if _truthy(env.get("USE_MODELSCOPE_HUB")):
+    if truthy(env.get("USE_MODELSCOPE_HUB")):
         return EndpointChoice(MODELSCOPE, None, "USE_MODELSCOPE_HUB is set", use_modelscope=True)
 
     resolved = [_candidate(c) for c in candidates]
     if not resolved:
         raise ConfigError("no endpoint candidates to probe")
-    if _truthy(env.get("HF_HUB_OFFLINE")):
+    if truthy(env.get("HF_HUB_OFFLINE")):
         name, url = resolved[0]
         return EndpointChoice(name, url, f"HF_HUB_OFFLINE is set: not probing; using {_host(url)}")
 
@@ -118,10 +120,6 @@ def _name_for_url(url: str) -> str:
 
 def _host(url: str) -> str:
     return urlparse(url).netloc or url
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _http_probe(url: str, repo_id: str, timeout: float, repo_type: str = "model") -> tuple[bool, str]:

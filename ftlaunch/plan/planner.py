@@ -40,6 +40,10 @@ class Plan:
     warnings: tuple[str, ...] = ()
     memory: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # A plan whose config names its run's folder (pre-downloaded hub datasets) is made for one run:
+    # its id, and the JSON files that folder gets beside config.yaml (name -> content).
+    run_id: str | None = None
+    files: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def header(self) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""ftlaunch.run.accounting."""
+"""Run accounting (pure): a run's attempts from its events and trainer log, its rates over time, and
+what it cost in GPU-hours (so far, and projected to the end). `status`, `runs`, `plot` and the
+estimate's run history read these; nothing here touches a file or the clock.
+"""
 
 from __future__ import annotations
 

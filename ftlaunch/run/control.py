@@ -1,4 +1,8 @@
-"""ftlaunch.run.control."""
+"""Acting on an existing run from any shell: `stop` (signal its supervisor, fail closed on an unknown
+pid; scancel a Slurm job), `resume` (re-attach to a live run, or restart a dead one from its last
+complete checkpoint under the output_dir lock, after optional config edits) and rebuilding a lost
+state.json from the run's config.
+"""
 
 from __future__ import annotations
 

@@ -23,6 +23,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from ftlaunch.plan.change import Change
+from ftlaunch.plan.config import truthy
+
 MAX_ROLLBACKS = 2
 
 
@@ -73,7 +76,7 @@ def thresholds_from(text: str | None) -> Thresholds:
             raise ValueError(f"FTLAUNCH_HEALTH: unknown setting {part.strip()!r}")
         kind = type(getattr(t, key))
         if kind is bool:
-            changes[key] = raw.strip().lower() in ("1", "true", "yes", "on")
+            changes[key] = truthy(raw)
         else:
             changes[key] = kind(raw.strip())
             if changes[key] <= 0:
@@ -261,8 +264,12 @@ def history_is_clean(
 
 @dataclass(frozen=True)
 class Remedy:
-    edits: dict[str, Any]
+    changes: tuple[Change, ...]
     what: str
+
+    @property
+    def edits(self) -> dict[str, Any]:
+        return {c.key: c.new for c in self.changes}
 
 
 def remedy(n: int, config: Mapping[str, Any], *, fp32_fits: bool = False) -> Remedy:
@@ -274,14 +281,18 @@ def remedy(n: int, config: Mapping[str, Any], *, fp32_fits: bool = False) -> Rem
     """
     lr = as_number(config.get("learning_rate"))
     lr = 5e-5 if lr is None else lr  # HF TrainingArguments' default
-    halve = Remedy({"learning_rate": lr / 2}, f"learning_rate {lr:g} -> {lr / 2:g}")
+
+    def rung(key: str, new: Any, what: str) -> Remedy:
+        return Remedy((Change(key, config.get(key), new, f"after a divergence: {what}"),), what)
+
+    halve = rung("learning_rate", lr / 2, f"learning_rate {lr:g} -> {lr / 2:g}")
     rungs = [halve]
     clip = config.get("max_grad_norm", 1.0)  # HF's default is 1.0
     clip_n = as_number(clip)
     if clip is None or clip_n is None or clip_n <= 0 or clip_n > 1.0:
-        rungs.append(Remedy({"max_grad_norm": 1.0}, f"max_grad_norm {clip} -> 1.0"))
+        rungs.append(rung("max_grad_norm", 1.0, f"max_grad_norm {clip} -> 1.0"))
     if config.get("fp16") and fp32_fits:
-        rungs.append(Remedy({"fp16": False}, "fp16 -> fp32 (the memory model says it fits)"))
+        rungs.append(rung("fp16", False, "fp16 -> fp32 (the memory model says it fits)"))
     return rungs[n - 1] if 1 <= n <= len(rungs) else halve
 
 
@@ -295,14 +306,27 @@ class Checkpoint:
     clean: bool  # its own log_history shows no divergence
 
 
+class Response(StrEnum):
+    """What the supervisor does about a divergence."""
+
+    ROLLBACK = "rollback"
+    STOP = "stop"  # by policy (--on-diverge stop)
+    GIVE_UP = "give_up"  # rollbacks spent
+    IGNORE = "ignore"  # --on-diverge ignore
+
+
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "rollback" | "stop" (by policy) | "give_up" (rollbacks spent) | "ignore"
+    action: Response
     message: str
     resume_from: str | None = None  # None: from the start
     set_aside: tuple[str, ...] = ()  # checkpoints at or after the first bad record
-    edits: dict[str, Any] = field(default_factory=dict)
+    changes: tuple[Change, ...] = ()
     remedy: str = ""  # the rung applied, in words
+
+    @property
+    def edits(self) -> dict[str, Any]:
+        return {c.key: c.new for c in self.changes}
 
 
 def decide(
@@ -322,7 +346,7 @@ def decide(
     """
     where = verdict.message()
     if policy is OnDiverge.IGNORE:
-        return Decision("ignore", f"{where}; --on-diverge ignore: training on")
+        return Decision(Response.IGNORE, f"{where}; --on-diverge ignore: training on")
     limit = verdict.last_good_step
     if limit is None:  # the attempt's first record was bad: it resumed from a checkpoint before it
         step = verdict.first_bad.step if verdict.first_bad else None
@@ -338,12 +362,12 @@ def decide(
     aside_names = tuple(c.name for c in aside if good is None or c.step > good.step)
     origin = f"from {good.name}" if good else "from the start (no clean checkpoint before it)"
     if policy is OnDiverge.STOP:
-        return Decision("stop", f"{where}; --on-diverge stop: stopped", good.name if good else None, aside_names)
+        return Decision(Response.STOP, f"{where}; --on-diverge stop: stopped", good.name if good else None, aside_names)
     n = rollbacks_used + 1
     if n > max_rollbacks:
         done = "; ".join(tried) or "nothing"
         return Decision(
-            "give_up",
+            Response.GIVE_UP,
             f"{where}; diverged again after {max_rollbacks} rollbacks (tried: {done}): giving up. Every "
             "checkpoint is kept; those after the divergence are set aside as diverged-checkpoint-*",
             good.name if good else None,
@@ -351,7 +375,7 @@ def decide(
         )
     r = remedy(n, config, fp32_fits=fp32_fits)
     msg = f"[{n}/{max_rollbacks}] {where}: rolling back {origin} with {r.what}, global batch unchanged"
-    return Decision("rollback", msg, good.name if good else None, aside_names, r.edits, r.what)
+    return Decision(Response.ROLLBACK, msg, good.name if good else None, aside_names, r.changes, r.what)
 
 
 def fp32_fits(memory: Mapping[str, Any] | None) -> bool:

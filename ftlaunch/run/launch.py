@@ -1,4 +1,8 @@
-"""ftlaunch.run.launch."""
+"""Launching: write a run's folder completely and make it visible with one rename (``create_run``),
+claim its output_dir first (``new_run``), start its supervisor detached (``start_detached``) or here
+(``supervise``), and the one launch use case ``start_run`` that `train` and `schedule run` call:
+plan, check, simulate a tight plan, create, supervise.
+"""
 
 from __future__ import annotations
 
@@ -52,18 +56,15 @@ def create_run(
     root = runs_root(env)
     home_problem(env)
     root.mkdir(parents=True, exist_ok=True)
-    run_id = new_run_id()
+    run_id = p.run_id or new_run_id()
     public, secrets = split_secrets(p.config)
     p = Plan(**{**p.__dict__, "config": public})
     tmp = root / f".{run_id}.tmp"
     tmp.mkdir()
     try:
-        from ftlaunch.hub.datasets import INFO_FILE, bind_run_dir
-
-        # Pre-downloaded hub datasets: the run's own dataset_info.json, named by its final path.
-        p, dataset_info = bind_run_dir(p, root / run_id)
-        if dataset_info is not None:
-            (tmp / INFO_FILE).write_text(json.dumps(dataset_info, indent=2, ensure_ascii=False) + "\n")
+        # Files the plan made for this run's folder (pre-downloaded hub datasets' dataset_info.json).
+        for name, content in p.files.items():
+            (tmp / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
         source_secrets = split_secrets(loaded.values)[1]
         (tmp / "source.yaml").write_bytes(
             redact_secret_text(loaded.source_path.read_bytes().decode(errors="replace"), source_secrets).encode()

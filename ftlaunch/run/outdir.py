@@ -1,4 +1,7 @@
-"""ftlaunch.run.outdir."""
+"""Who owns an output_dir: its lock (held by the live run writing checkpoints there, handed from the
+starting process to the supervisor), and what a new run does with checkpoints it finds there
+(use, continue, adopt with --resume-existing, or move aside with --fresh).
+"""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ftlaunch.errors import ConfigError, HardwareError
-from ftlaunch.hub.model import Prefetch, prefetch_model
+from ftlaunch.hub.model import Prefetch, prefetch_model, with_prefetch
 from ftlaunch.hub.repo import is_repo_id
 from ftlaunch.plan.config import (
     PATH_KEYS,
@@ -24,6 +24,7 @@ from ftlaunch.plan.hardware import Hardware, catalog_hardware, load_hardware_fil
 from ftlaunch.plan.memory.adapt import make_memory_chooser, model_spec_for
 from ftlaunch.plan.memory.store import config_key, recall
 from ftlaunch.plan.planner import Plan, PlanOptions, global_batch_for, plan
+from ftlaunch.run.store import new_run_id, runs_root
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,15 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     if req.mirror and req.download_weights:  # train: hub datasets too, so the offline trainer finds them
         from ftlaunch.hub.datasets import prefetch_datasets
 
-        datasets = prefetch_datasets(values, req.mirror, env, cwd=loaded.base_dir, progress=sys.stderr.isatty())
+        run_id = new_run_id()  # the datasets' dataset_info.json lives in the run's folder: fix its name now
+        datasets = prefetch_datasets(
+            values,
+            req.mirror,
+            env,
+            run_dir=runs_root(env) / run_id,
+            cwd=loaded.base_dir,
+            progress=sys.stderr.isatty(),
+        )
     hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
     model_config = req.model_config
     if fetched is not None and model_config is None and (Path(fetched.path) / "config.json").exists():
@@ -118,26 +127,7 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     if datasets is not None:
         from ftlaunch.hub.datasets import with_datasets
 
-        p = with_datasets(p, datasets)
+        p = with_datasets(p, datasets, run_id)
     if warnings:
         p = Plan(**{**p.__dict__, "warnings": tuple(warnings) + p.warnings})
     return loaded, p
-
-
-def with_prefetch(p: Plan, fetched: Prefetch, *, weights: bool) -> Plan:
-    """Point the trainer at the local snapshot and keep it off the network (train only)."""
-    extra = {"hub": fetched.to_dict()}
-    if not weights:
-        return Plan(**{**p.__dict__, "extra": {**dict(p.extra), **extra}})
-    from ftlaunch.plan.change import Change
-
-    config = dict(p.config)
-    old = config.get("model_name_or_path")
-    config["model_name_or_path"] = fetched.path
-    why = (
-        f"pre-downloaded from {fetched.endpoint or 'ModelScope'} ({fetched.endpoint_reason}); "
-        "the trainer then runs with HF_HUB_OFFLINE=1"
-    )
-    changes = (*p.changes, Change("model_name_or_path", old, fetched.path, why))
-    env = {**p.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return Plan(**{**p.__dict__, "config": config, "changes": changes, "env": env, "extra": {**dict(p.extra), **extra}})

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from ftlaunch.plan.batch import divisors_desc
+from ftlaunch.plan.change import Change
 from ftlaunch.plan.offload import ZERO3_OFFLOAD
 from ftlaunch.run.state import Budget, FailureKind
 
@@ -146,8 +147,13 @@ class Action(StrEnum):
 class Decision:
     action: Action
     message: str
-    edits: dict[str, Any] = field(default_factory=dict)  # config changes for the next attempt
+    changes: tuple[Change, ...] = ()  # config changes for the next attempt
     budget: Budget = Budget()
+
+    @property
+    def edits(self) -> dict[str, Any]:
+        """The changes as key -> new value (what the next attempt's config gets, what events record)."""
+        return {c.key: c.new for c in self.changes}
 
 
 def signature(config: dict[str, Any]) -> str:
@@ -272,10 +278,12 @@ def decide(
         label = "OOM in evaluation" if ex.kind is FailureKind.EVAL_OOM else "OOM"
         count = f"[{n}/{budget.oom_max}]" if n <= budget.oom_max else f"[{n}/{budget.oom_max}, bottom of the ladder]"
         msg = f"{count} {label}{where} (micro-batch {micro}): retrying with {what} {origin}"
-        return Decision(Action.RETRY, msg, edits, spent)
+        why = f"{label}{where}: {what}"
+        changes = tuple(Change(k, config.get(k), v, why) for k, v in edits.items())
+        return Decision(Action.RETRY, msg, changes, spent)
     n = budget.crash_used + 1
     if n > budget.crash_max:
         return Decision(Action.FAIL, f"{ex.message}: crashed {budget.crash_max + 1} times, giving up", budget=budget)
     label = "host OOM" if ex.kind is FailureKind.HOST_OOM else "crash"
     msg = f"[{n}/{budget.crash_max}] {label}{where} ({ex.message}): retrying with the same config {origin}"
-    return Decision(Action.RETRY, msg, {}, Budget(budget.oom_max, budget.crash_max, budget.oom_used, n))
+    return Decision(Action.RETRY, msg, (), Budget(budget.oom_max, budget.crash_max, budget.oom_used, n))

@@ -30,6 +30,7 @@ from ftlaunch.run.health import (
     Decision,
     Health,
     OnDiverge,
+    Response,
     Thresholds,
     Verdict,
     decide,
@@ -305,15 +306,15 @@ class HealthWatch:
         moved = set_aside(out, d.set_aside, stamp) + set_aside_final(out, stamp)
         if moved:
             append_event(self.run_dir, "checkpoint_set_aside", reason="diverged", moved=moved)
-        if d.action == "rollback" and "learning_rate" in d.edits and d.resume_from:
+        if d.action is Response.ROLLBACK and "learning_rate" in d.edits and d.resume_from:
             err = scale_lr(out, d.resume_from, d.edits["learning_rate"], python_of(self._trainer()), stamp)
             if err:
                 d = replace(
                     d,
-                    action="give_up",
+                    action=Response.GIVE_UP,
                     message=f"{d.message}; but the lr in {d.resume_from} could not be lowered ({err}): giving up",
                 )
-        if d.action == "rollback":
+        if d.action is Response.ROLLBACK:
             append_event(
                 self.run_dir,
                 "rolled_back",

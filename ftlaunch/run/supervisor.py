@@ -30,6 +30,7 @@ from ftlaunch.plan.memory.store import remember, remember_observed
 from ftlaunch.plan.offload import materialize
 from ftlaunch.run import progress as prog
 from ftlaunch.run.checkpoints import CheckpointWatch, set_aside_incomplete
+from ftlaunch.run.health import Response
 from ftlaunch.run.journal import RunJournal
 from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
 from ftlaunch.run.procs import GroupStop, signal_group, start_time
@@ -163,7 +164,7 @@ class Supervisor:
             )
             # Numeric health first: a diverged trainer was halted by us, whatever its exit code says.
             health = None if self.stop_signal is not None else self.watch.after(out, values, weights_only)
-            if health is not None and health.action == "rollback":
+            if health is not None and health.action is Response.ROLLBACK:
                 values.update(health.edits)
                 self._write_config(values, header)
                 continue
@@ -188,8 +189,8 @@ class Supervisor:
             )
             budget = d.budget
             if d.action is Action.RETRY:
-                for key, decided in d.edits.items():
-                    values[key], launch_env = materialize(decided)
+                for change in d.changes:
+                    values[change.key], launch_env = materialize(change.new)
                     extra_env.update(launch_env)
                 self._write_config(values, header)
                 self.journal.retry(attempt, d, ex, values, extra_env)

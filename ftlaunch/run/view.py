@@ -1,4 +1,6 @@
-"""ftlaunch.run.view."""
+"""A run as `status` and `runs` show it: liveness decides running vs lost (failing closed), Slurm
+decides for a Slurm run, plus progress, ETA, GPU memory in use and cost from the run's own records.
+"""
 
 from __future__ import annotations
 

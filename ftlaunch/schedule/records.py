@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -25,7 +24,7 @@ from typing import IO, Any
 
 from ftlaunch.errors import BusyError, FtlaunchError, RunNotFoundError, StateError, StateVersionError
 from ftlaunch.files import home, now_iso, write_json_atomic
-from ftlaunch.locks import try_flock
+from ftlaunch.locks import held, try_flock
 from ftlaunch.run.options import RunOptions
 from ftlaunch.schedule.cron import ScheduleError
 
@@ -297,18 +296,15 @@ def list_records(env: Mapping[str, str]) -> list[ScheduleRecord | Unreadable]:
 
 
 @contextmanager
-def locked(env: Mapping[str, str], what: str, poll: float = 0.01) -> Iterator[None]:
+def locked(env: Mapping[str, str], what: str) -> Iterator[None]:
     """Serialise read-modify-write of one shared file (a record, the crontab) between processes.
 
     Waits for the lock: these are held for one read and one write, never for a run.
     """
     path = home(env) / "locks" / f"{what}.lock"
-    while isinstance(got := try_flock(path, f"pid {os.getpid()}"), str):
-        time.sleep(poll)
-    try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with held(path):
         yield
-    finally:
-        got.close()
 
 
 def update_record(
