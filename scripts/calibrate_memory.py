@@ -4,7 +4,7 @@ Runs each configuration below through ``python -m ftlaunch.plan.memory.simulate`
 transformers model code, real autograd and optimizer; one at a time, ~1.5-3 min each on 2 cores),
 stores the simulated tensor peaks in tests/data/memory_calibration.json (kept between runs: a
 configuration already measured is not simulated again) and writes the table, with each row's error,
-into docs/memory-model.md between the calibration markers. tests/test_memory_calibration.py holds
+into docs/memory-model.md between the calibration markers. tests/plan/test_memory_calibration.py holds
 the formulas to the stored figures.
 
 Run: .venv/bin/python scripts/calibrate_memory.py [--only-docs] [--limit N]

@@ -1,7 +1,7 @@
 """Regenerate ftlaunch/data/llamafactory_keys.json from the installed llamafactory.
 
 The planner must never write a key llamafactory-cli rejects, yet must not import it: this list is
-that knowledge, frozen. tests/test_keys.py checks it still matches the installed version.
+that knowledge, frozen. tests/plan/test_keys.py checks it still matches the installed version.
 Run: .venv/bin/python scripts/gen_llamafactory_keys.py
 """
 

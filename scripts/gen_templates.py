@@ -1,7 +1,7 @@
 """Regenerate templates/adapted/ from templates/cluster/: what ftlaunch makes of each cluster config.
 
 Each cluster config (written for 8 GPUs, as LLaMA-Factory ships them) is planned for named cards;
-the adapted YAML carries the plan's table as comments. tests/test_templates.py checks these files
+the adapted YAML carries the plan's table as comments. tests/plan/test_templates.py checks these files
 are exactly what the planner produces today (golden tests).
 Run: .venv/bin/python scripts/gen_templates.py [--check]
 """

@@ -4,7 +4,7 @@ No torch / transformers import: the count is computed from the shapes that the t
 modelling code (v5.x, ``models/<type>/modeling_<type>.py``) builds for each family, so that it
 equals ``sum(p.numel() for p in model.parameters())`` with tied embeddings counted once.
 
-Families counted exactly (checked against transformers in ``tests/test_modelspec.py``):
+Families counted exactly (checked against transformers in ``tests/plan/test_modelspec.py``):
 llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, gemma, gemma2, gemma3_text, phi3.
 Any other ``model_type`` is counted as llama-like from the config keys
 (``attention_bias``, ``mlp_bias``, ``head_dim``) and marked ``count_method="llama-like"``.
