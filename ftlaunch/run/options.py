@@ -10,20 +10,13 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ftlaunch.run.prepare import PlanRequest, PlanSettings
+
 
 @dataclass(frozen=True)
-class RunOptions:
-    """What to plan for (hardware, batch, memory policy, hub) and how the supervisor behaves."""
+class RunOptions(PlanSettings):
+    """What to plan for (PlanSettings: hardware, batch, memory policy, hub) and how the supervisor behaves."""
 
-    gpu: str | None = None
-    hardware_file: str | None = None
-    source_gpus: int | None = None
-    global_batch: int | None = None
-    headroom: float = 0.12
-    params: str | None = None
-    model_config: str | None = None
-    host_ram_gib: float | None = None
-    mirror: str | None = None
     run_name: str | None = None
     max_retries: int = 4
     max_crash_retries: int = 2
@@ -52,12 +45,9 @@ class RunOptions:
 
         return replace(self, hardware_file=ab(self.hardware_file), model_config=ab(self.model_config))
 
-    def plan_request(self, config: str, overrides: tuple[str, ...], *, strict: bool, cwd: str | None = None) -> Any:
+    def plan_request(self, config: str, overrides: tuple[str, ...], *, strict: bool, cwd: str | None = None) -> PlanRequest:
         """The planner's request: `strict` is train (missing files are errors, weights downloaded)."""
-        from ftlaunch.run.prepare import PlanRequest
-
-        # The planner's own fields are named alike here: pass on every one this value holds.
-        shared = {f.name: getattr(self, f.name) for f in fields(PlanRequest) if hasattr(self, f.name)}
+        shared = {f.name: getattr(self, f.name) for f in fields(PlanSettings)}
         return PlanRequest(
             config=config,
             overrides=tuple(overrides),

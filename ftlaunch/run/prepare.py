@@ -28,9 +28,10 @@ from ftlaunch.run.store import new_run_id, runs_root
 
 
 @dataclass(frozen=True)
-class PlanRequest:
-    config: str
-    overrides: tuple[str, ...] = ()
+class PlanSettings:
+    """What to plan for: the machine, the batch, the memory policy and the hub. Declared once: a
+    `PlanRequest` and the `RunOptions` of `train` / `schedule add` are both these and more."""
+
     gpu: str | None = None
     hardware_file: str | None = None
     source_gpus: int | None = None
@@ -39,8 +40,14 @@ class PlanRequest:
     params: str | None = None
     model_config: str | None = None
     host_ram_gib: float | None = None  # host RAM to plan offload with; default: the probed machine's
-    strict_files: bool = False  # train: a missing dataset is an error, plan: a warning
     mirror: str | None = None  # download from the hub first: None = no, "auto" or a name/URL
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest(PlanSettings):
+    config: str
+    overrides: tuple[str, ...] = ()
+    strict_files: bool = False  # train: a missing dataset is an error, plan: a warning
     download_weights: bool = False  # train: the whole snapshot; plan: config.json only
     cwd: str | None = None
 
