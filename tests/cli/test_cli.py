@@ -82,3 +82,14 @@ def test_env_json(tmp_path):
 def test_status_of_nothing_is_not_found():
     r = CliRunner().invoke(main, ["status"])
     assert r.exit_code == 6 and "no runs" in r.output
+
+
+def test_both_module_entry_points_run_the_cli():
+    """`python -m ftlaunch` (new crontab lines) and `python -m ftlaunch.cli` (lines written before the
+    package split) are the same command line."""
+    import subprocess
+    import sys
+
+    for module in ("ftlaunch", "ftlaunch.cli"):
+        r = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "ftlaunch" in r.stdout, (module, r.stderr)
