@@ -50,7 +50,7 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
     sim = None
     if simulate:
         err_console.print("simulating two optimizer steps on fake tensors (a child process; 15-40 s on 2 cores) ...")
-        sim = simulate_plan(p, kw.get("model_config"))
+        sim = simulate_plan(p, req.model_config)
     if as_json:
         echo_json(plan_json(p, sim))
         return

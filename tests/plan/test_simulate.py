@@ -113,3 +113,30 @@ def test_child_process_round_trip() -> None:
     pytest.importorskip("torch")
     res = run_child(TINY, SETUP, timeout=300)
     assert res.error is None and res.peak_gib and res.peak_gib > 0 and res.seconds > 0
+
+
+@pytest.mark.e2e
+def test_plan_simulate_uses_the_model_config_it_is_given(tmp_path) -> None:
+    """`ftlaunch plan CFG --gpu CARD --model-config FILE --simulate --json`: the simulator builds the
+    model from FILE (the CLI must pass it on) and reports its peak beside the formula's."""
+    import json
+
+    from click.testing import CliRunner
+
+    from ftlaunch.cli.main import main
+
+    pytest.importorskip("torch")
+    model_config = tmp_path / "config.json"
+    model_config.write_text(json.dumps(TINY))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        "model_name_or_path: org/not-on-disk\nstage: sft\ndo_train: true\nfinetuning_type: full\n"
+        "dataset: demo\ntemplate: llama3\ncutoff_len: 32\nper_device_train_batch_size: 2\n"
+        f"fp16: true\noutput_dir: {tmp_path / 'out'}\n"
+    )
+    r = CliRunner().invoke(
+        main, ["plan", str(cfg), "--gpu", "A10G", "--model-config", str(model_config), "--simulate", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    sim = json.loads(r.stdout)["memory"]["simulated"]
+    assert sim.get("error") is None and sim["simulated_peak_gib"] > 0 and sim["formula_peak_gib"] > 0
