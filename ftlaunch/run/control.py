@@ -42,11 +42,15 @@ def _stop_slurm_job(run_dir: Path, job: str, grace: float) -> str | None:
     if job_state in slurm.QUEUED_STATES:
         update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="cancelled while queued")
         return f"run {run_dir.name}: Slurm job {job} cancelled while {job_state.lower()}"
+    # Done when the supervisor has recorded the stop and Slurm has let the job go: until then a
+    # stopped supervisor inside a still-active job reads as a job about to be requeued.
     deadline = time.monotonic() + grace + 30
     while time.monotonic() < deadline:
-        if _status_now(run_dir).is_terminal():
+        if _status_now(run_dir).is_terminal() and slurm.job_state(job, os.environ) not in slurm.ACTIVE_STATES:
             return f"run {run_dir.name} stopped (Slurm job {job} cancelled)"
         time.sleep(0.2)
+    if _status_now(run_dir).is_terminal():
+        return f"run {run_dir.name} stopped; Slurm still lists job {job} as active"
     return f"run {run_dir.name}: Slurm job {job} cancelled; its supervisor has not recorded the stop yet"
 
 
