@@ -140,6 +140,8 @@ def real(steps: int, rounds: int = 2) -> None:
     import subprocess
     import sys
 
+    from bench_supervisor import config as bench_config  # scripts/ is on sys.path when run as a script
+
     import ftlaunch.run.supervisor as sup_mod
     from ftlaunch.run.launch import create_run
     from ftlaunch.run.prepare import PlanRequest, make_plan
@@ -156,27 +158,7 @@ def real(steps: int, rounds: int = 2) -> None:
         for label, cls in (("health on ", real_watch), ("health off", NoHealth)):
             sup_mod.HealthWatch = cls
             out = work / f"out-{i}-{label.strip().replace(' ', '-')}"
-            cfg = {
-                "model_name_or_path": str(tiny / "model"),
-                "stage": "sft",
-                "do_train": True,
-                "finetuning_type": "full",
-                "dataset": "alpaca_tiny",
-                "dataset_dir": str(tiny / "data"),
-                "template": "default",
-                "cutoff_len": 128,
-                "preprocessing_num_workers": 1,
-                "dataloader_num_workers": 0,
-                "output_dir": str(out),
-                "logging_steps": 1,
-                "save_steps": 20,
-                "report_to": "none",
-                "per_device_train_batch_size": 4,
-                "gradient_accumulation_steps": 2,
-                "learning_rate": 1e-4,
-                "max_steps": steps,
-                "seed": 42,
-            }
+            cfg = bench_config(tiny, out, steps, save_steps=20)  # the supervisor bench's tiny run
             path = work / f"c-{out.name}.yaml"
             path.write_text(json.dumps(cfg))
             loaded, plan = make_plan(PlanRequest(config=str(path)), env)

@@ -202,11 +202,11 @@ def status(run: str | None, as_json: bool) -> None:
       ftlaunch status
       ftlaunch status nightly --json
     """
-    from ftlaunch.run.control import resolve_run
     from ftlaunch.run.state import RunStatus
+    from ftlaunch.run.store import find_run
     from ftlaunch.run.view import run_view
 
-    view = run_view(resolve_run(env_now(), run))
+    view = run_view(find_run(env_now(), run))
     if as_json:
         echo_json(view)
     else:
@@ -225,9 +225,9 @@ def logs(run: str | None, follow: bool) -> None:
       ftlaunch logs
       ftlaunch logs -f 20261130-1200
     """
-    from ftlaunch.run.control import resolve_run
+    from ftlaunch.run.store import find_run
 
-    run_dir = resolve_run(env_now(), run)
+    run_dir = find_run(env_now(), run)
     if follow:
         follow_log(run_dir)
         return
@@ -245,9 +245,10 @@ def stop(run: str | None, grace: float) -> None:
     Example:
       ftlaunch stop
     """
-    from ftlaunch.run.control import resolve_run, stop_run
+    from ftlaunch.run.control import stop_run
+    from ftlaunch.run.store import find_run
 
-    click.echo(stop_run(resolve_run(env_now(), run), grace=grace))
+    click.echo(stop_run(find_run(env_now(), run), grace=grace))
 
 
 @click.command()
@@ -277,13 +278,14 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool | None, allow_g
       ftlaunch resume --no-follow
       ftlaunch resume nightly per_device_train_batch_size=1 gradient_accumulation_steps=8
     """
-    from ftlaunch.run.control import ResumeOutcome, preview_run_edit, resolve_run, resume_run
+    from ftlaunch.run.control import ResumeOutcome, preview_run_edit, resume_run
+    from ftlaunch.run.store import find_run
 
     runs = [a for a in args if "=" not in a]
     overrides = tuple(a for a in args if "=" in a)
     if len(runs) > 1:
         raise click.UsageError(f"one RUN at most, got {', '.join(runs)}")
-    run_dir = resolve_run(env_now(), runs[0] if runs else None)
+    run_dir = find_run(env_now(), runs[0] if runs else None)
     if overrides:
         for key, before, after, note in preview_run_edit(run_dir, overrides):
             err_console.print(f"  {key}: {before} -> {after}{f'  ({note})' if note else ''}", highlight=False)

@@ -25,7 +25,7 @@ from ftlaunch.run import progress as prog
 from ftlaunch.run.launch import supervise
 from ftlaunch.run.procs import Liveness, liveness, terminate_group
 from ftlaunch.run.state import RunState, RunStatus
-from ftlaunch.run.store import append_event, find_run, read_state, update_state, write_secrets, write_state
+from ftlaunch.run.store import append_event, read_state, update_state, write_secrets, write_state
 from ftlaunch.run.trainer import find_trainer
 
 
@@ -120,10 +120,6 @@ def _status_now(run_dir: Path) -> RunStatus:
     """The recorded status, LOST while state.json cannot be read (a stop polls it)."""
     state = _state_or_none(run_dir)
     return state.status if state is not None else RunStatus.LOST
-
-
-def resolve_run(env: Mapping[str, str], ref: str | None) -> Path:
-    return find_run(env, ref)
 
 
 class ResumeOutcome(StrEnum):

@@ -45,7 +45,9 @@ class RunOptions(PlanSettings):
 
         return replace(self, hardware_file=ab(self.hardware_file), model_config=ab(self.model_config))
 
-    def plan_request(self, config: str, overrides: tuple[str, ...], *, strict: bool, cwd: str | None = None) -> PlanRequest:
+    def plan_request(
+        self, config: str, overrides: tuple[str, ...], *, strict: bool, cwd: str | None = None
+    ) -> PlanRequest:
         """The planner's request: `strict` is train (missing files are errors, weights downloaded)."""
         shared = {f.name: getattr(self, f.name) for f in fields(PlanSettings)}
         return PlanRequest(

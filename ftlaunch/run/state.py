@@ -92,10 +92,6 @@ class Budget:
         return Budget(self.oom_max, self.crash_max)
 
 
-def _enum_or_none(kind: type[StrEnum], value: Any) -> Any:
-    return None if value is None else kind(value)
-
-
 def _tuple_or_none(value: Any) -> tuple[str, ...] | None:
     return None if value is None else tuple(str(v) for v in value)
 
@@ -175,11 +171,11 @@ class RunState:
 
     def __post_init__(self) -> None:
         # Changes arrive as JSON-ish values too (``update_state(status="running")``): coerce once here.
+        for name, kind in _KINDS.items():  # status is required; the other kinds may be absent
+            value = getattr(self, name)
+            if value is not None or name == "status":
+                object.__setattr__(self, name, kind(value))
         coerce = {
-            "status": lambda v: RunStatus(v),
-            "failure_kind": lambda v: _enum_or_none(FailureKind, v),
-            "last_failure": lambda v: _enum_or_none(FailureKind, v),
-            "on_diverge": lambda v: _enum_or_none(OnDiverge, v),
             "budget": lambda v: v if isinstance(v, Budget) else Budget.from_json(v or {}),
             "overrides": _tuple_or_none,
             "warnings": _tuple_or_none,
@@ -232,7 +228,5 @@ class RunState:
         return {**self.extra, **out}
 
     def changed(self, **changes: Any) -> RunState:
-        """This state with ``changes`` (field names; an unknown name is a TypeError). A key another
-        version wrote under a name this one now sets is dropped from ``extra``."""
-        extra = {k: v for k, v in self.extra.items() if k not in changes}
-        return replace(self, **changes, extra=extra)
+        """This state with ``changes`` (field names; an unknown name is a TypeError)."""
+        return replace(self, **changes)
