@@ -26,6 +26,9 @@ class ExitCode(IntEnum):
     STATE = 12  # a run's state files are unreadable
     TRAINER = 13  # the trainer executable is missing or cannot start
     DIVERGED = 14  # the loss went non-finite or spiked, and rollbacks did not cure it (or --on-diverge stop)
+    STALLED = 15  # the trainer made no progress for longer than the stall timeout, restarts spent
+    NO_PROGRESS = 16  # attempts kept failing without a new checkpoint (restart brake); not requeued
+    DISK_FULL = 17  # the output_dir's filesystem cannot hold a checkpoint (refused, or ENOSPC while saving)
 
 
 class FtlaunchError(Exception):
@@ -111,3 +114,9 @@ class StateVersionError(StateError):
 
 class TrainerError(FtlaunchError):
     exit_code = ExitCode.TRAINER
+
+
+class DiskFullError(FtlaunchError):
+    """The output_dir's filesystem cannot hold what the run will write (checked before it starts)."""
+
+    exit_code = ExitCode.DISK_FULL

@@ -87,7 +87,7 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The plan options, plus the supervisor's: --name, --max-retries, --max-crash-retries, --no-recover,
-    --on-diverge."""
+    --on-diverge, --stall-timeout, --max-stall-restarts."""
     f = plan_options(f)
     f = click.option("--name", "run_name", help="A name for the run (default: the output_dir's last part).")(f)
     f = click.option(
@@ -112,5 +112,20 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
         show_default=True,
         help="When the loss goes non-finite or spikes: roll back to the last good checkpoint with a lower "
         "learning rate (at most 2 times), stop, or only record it (docs/health.md).",
+    )(f)
+    f = click.option(
+        "--stall-timeout",
+        type=click.FloatRange(min=1),
+        default=None,
+        help="Seconds without progress (a new step or a growing checkpoint) after which the trainer is "
+        "stalled: stacks dumped, restarted from the last checkpoint. Default: max(600, 5x the longest "
+        "step interval seen), longer before the first step and while saving or evaluating.",
+    )(f)
+    f = click.option(
+        "--max-stall-restarts",
+        type=click.IntRange(min=0),
+        default=2,
+        show_default=True,
+        help="Restarts after a stall before the run ends `stalled`.",
     )(f)
     return f

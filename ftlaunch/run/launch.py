@@ -48,6 +48,8 @@ def create_run(
     trainer_env: Mapping[str, str] | None = None,
     extra_state: Mapping[str, Any] | None = None,
     on_diverge: str = "rollback",
+    stall_timeout: float | None = None,
+    max_stall_restarts: int = 2,
 ) -> Path:
     """Write a run directory completely, then make it visible with one rename (no half runs).
 
@@ -98,7 +100,8 @@ def create_run(
             accumulation=p.accumulation,
             recover=recover,
             on_diverge=on_diverge,
-            budget=Budget(oom_max=max_retries, crash_max=max_crash_retries),
+            budget=Budget(oom_max=max_retries, crash_max=max_crash_retries, stall_max=max_stall_restarts),
+            stall_timeout=stall_timeout,
             trainer_env=dict(public_env({**p.env, **(trainer_env or {})})),
             memory_key=config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target),
             predicted_peak_gib=(p.memory or {}).get("peak_gib") if p.hardware.gpus else None,

@@ -22,6 +22,8 @@ class RunOptions(PlanSettings):
     max_crash_retries: int = 2
     no_recover: bool = False
     on_diverge: str = "rollback"  # numeric health: rollback | stop | ignore (ftlaunch.run.health)
+    stall_timeout: float | None = None  # the stall watchdog (ftlaunch.run.stall); None: derived
+    max_stall_restarts: int = 2
 
     @classmethod
     def from_kwargs(cls, kw: dict[str, Any]) -> RunOptions:
@@ -67,4 +69,6 @@ class RunOptions(PlanSettings):
             "max_retries": self.max_retries,
             "max_crash_retries": self.max_crash_retries,
             "on_diverge": self.on_diverge,
+            "stall_timeout": self.stall_timeout,
+            "max_stall_restarts": self.max_stall_restarts,
         }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -256,7 +256,7 @@ def decide(
         tried = tried if sig in tried else (*tried, sig)
         n = len(tried)
         retries_left = budget.oom_max - n + 1
-        spent = Budget(budget.oom_max, budget.crash_max, n, budget.crash_used, tried)
+        spent = replace(budget, oom_used=n, tried=tried)
         if ex.kind is FailureKind.EVAL_OOM:
             ev = int(config.get("per_device_eval_batch_size", 8) or 8)
             if ev <= 1:
@@ -286,4 +286,4 @@ def decide(
         return Decision(Action.FAIL, f"{ex.message}: crashed {budget.crash_max + 1} times, giving up", budget=budget)
     label = "host OOM" if ex.kind is FailureKind.HOST_OOM else "crash"
     msg = f"[{n}/{budget.crash_max}] {label}{where} ({ex.message}): retrying with the same config {origin}"
-    return Decision(Action.RETRY, msg, (), Budget(budget.oom_max, budget.crash_max, budget.oom_used, n))
+    return Decision(Action.RETRY, msg, (), replace(budget, crash_used=n))

@@ -29,13 +29,23 @@ class RunStatus(StrEnum):
     STOPPED = "stopped"
     LOST = "lost"  # the supervisor died without recording an end (reboot, SIGKILL)
     DIVERGED = "diverged"  # numeric health: non-finite or spiking loss, rollbacks spent (ftlaunch.run.health)
+    STALLED = "stalled"  # no progress for longer than the stall timeout, stall restarts spent
+    NO_PROGRESS = "no_progress"  # the restart brake: attempts without a new checkpoint
+    DISK_FULL = "disk_full"  # ENOSPC while saving: every complete checkpoint kept, the partial one removed
     UNREADABLE = "unreadable"  # shown by `runs` for a state.json it cannot read; never written
 
     def is_terminal(self) -> bool:
-        return self in {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.LOST, RunStatus.DIVERGED}
+        return self is RunStatus.SUCCEEDED or self is RunStatus.STOPPED or self.is_failed()
 
     def is_failed(self) -> bool:
-        return self in {RunStatus.FAILED, RunStatus.LOST, RunStatus.DIVERGED}
+        return self in {
+            RunStatus.FAILED,
+            RunStatus.LOST,
+            RunStatus.DIVERGED,
+            RunStatus.STALLED,
+            RunStatus.NO_PROGRESS,
+            RunStatus.DISK_FULL,
+        }
 
     def exit_code(self) -> int:
         """What `status` (and a command that follows a run to its end) exits with for this status."""
@@ -43,9 +53,15 @@ class RunStatus(StrEnum):
             return int(ExitCode.OK)
         if self in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RECOVERING):
             return int(ExitCode.RUNNING)
-        if self is RunStatus.DIVERGED:
-            return int(ExitCode.DIVERGED)
-        return int(ExitCode.FAILED)
+        return int(_STATUS_CODES.get(self, ExitCode.FAILED))
+
+
+_STATUS_CODES = {
+    RunStatus.DIVERGED: ExitCode.DIVERGED,
+    RunStatus.STALLED: ExitCode.STALLED,
+    RunStatus.NO_PROGRESS: ExitCode.NO_PROGRESS,
+    RunStatus.DISK_FULL: ExitCode.DISK_FULL,
+}
 
 
 class FailureKind(StrEnum):
@@ -58,6 +74,9 @@ class FailureKind(StrEnum):
     DIVERGED = "diverged"  # numeric health, see ftlaunch.run.health
     STOPPED = "stopped_by_user"
     BUSY = "busy"  # the output_dir is held by another run: this one never started
+    STALLED = "stalled"  # no progress within the stall timeout: stacks dumped, group stopped
+    NO_PROGRESS = "no_progress"  # the restart brake ended the run
+    DISK_FULL = "disk_full"  # ENOSPC (or the free space check before a save)
 
 
 @dataclass(frozen=True)
@@ -70,6 +89,8 @@ class Budget:
     oom_used: int = 0
     crash_used: int = 0
     tried: tuple[str, ...] = ()
+    stall_max: int = 2
+    stall_used: int = 0
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Budget:
@@ -79,17 +100,19 @@ class Budget:
             oom_used=int(d.get("oom_used", 0)),
             crash_used=int(d.get("crash_used", 0)),
             tried=tuple(str(t) for t in d.get("tried") or ()),
+            stall_max=int(d.get("stall_max", 2)),
+            stall_used=int(d.get("stall_used", 0)),
         )
 
     def to_json(self) -> dict[str, Any]:
         return {
-            **{k: getattr(self, k) for k in ("oom_max", "crash_max", "oom_used", "crash_used")},
+            **{k: getattr(self, k) for k in ("oom_max", "crash_max", "oom_used", "crash_used", "stall_max", "stall_used")},
             "tried": list(self.tried),
         }
 
     def refilled(self) -> Budget:
         """A fresh budget of the same size (a resume by hand: the user changed something)."""
-        return Budget(self.oom_max, self.crash_max)
+        return Budget(self.oom_max, self.crash_max, stall_max=self.stall_max)
 
 
 def _tuple_or_none(value: Any) -> tuple[str, ...] | None:
@@ -156,6 +179,12 @@ class RunState:
     observed_peak_gib: float | None = None
     recovered_batch: bool | None = None  # the OOM ladder changed the micro-batch
     last_failure: FailureKind | None = None
+    # the unattended guard (issue 20)
+    stall_timeout: float | None = None  # --stall-timeout; None: derived from the run itself
+    stall: Mapping[str, Any] | None = None  # the watchdog of this attempt: phase, last progress, timeout
+    no_progress_attempts: int = 0  # attempts ended since the last checkpoint advanced (survives requeues)
+    best_checkpoint: int | None = None  # the furthest complete checkpoint any attempt saved
+    disk: Mapping[str, Any] | None = None  # the disk forecast made at start (ftlaunch.plan.disk)
     # how it ended
     ended: float | None = None
     exit_code: int | None = None
