@@ -6,6 +6,7 @@ missing): the trainer writes its files one by one, and a half-written one must n
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,22 +40,67 @@ def set_aside_incomplete(out: Path, weights_only: bool, now: float | None = None
 
 
 class CheckpointWatch:
-    """The newest complete checkpoint of an output_dir, noticed once each as it lands."""
+    """Every complete checkpoint of an output_dir, noticed once each as it lands.
 
-    def __init__(self, out: Path, weights_only: bool):
+    Compares listings, not only the newest name: two saves between polls, a newer folder still being
+    written while an older one completes, or a checkpoint rotated away by ``save_total_limit`` soon
+    after it landed are all seen. ``growth()`` tells a save in progress (bytes of the unfinished
+    folders) to the stall watchdog."""
+
+    def __init__(self, out: Path, weights_only: bool, best: int = 0):
         self.out = out
         self.weights_only = weights_only
-        self.first = self.last = (prog.last_complete_checkpoint(out, weights_only) or (0, None))[0]
+        complete = [
+            step for step, path in prog.checkpoint_dirs(out) if not prog.checkpoint_problems(path, weights_only)
+        ]
+        self.seen: set[int] = set(complete)
+        self.first = max(complete, default=0)
+        self.last = self.first
+        self.best = max(best, self.first)  # the furthest checkpoint any attempt saved (state.best_checkpoint)
+        self._pending_bytes = 0
+
+    def landed_all(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints not reported before, oldest first."""
+        new = []
+        for step, path in prog.checkpoint_dirs(self.out):
+            if step in self.seen or prog.checkpoint_problems(path, self.weights_only):
+                continue
+            self.seen.add(step)
+            new.append((step, path))
+        if new:
+            self.last = max(self.last, new[-1][0])
+        return new
 
     def landed(self) -> tuple[int, Path] | None:
-        """(step, path) of a complete checkpoint newer than any seen, else None."""
-        latest = prog.checkpoint_dirs(self.out)
-        if latest and latest[-1][0] > self.last and not prog.checkpoint_problems(latest[-1][1], self.weights_only):
-            self.last = latest[-1][0]
-            return latest[-1]
-        return None
+        """The newest of ``landed_all()`` (None when nothing new)."""
+        new = self.landed_all()
+        return new[-1] if new else None
+
+    def growth(self) -> bool:
+        """True when the folders of saves not yet complete hold more bytes than at the last call."""
+        total = 0
+        for step, path in prog.checkpoint_dirs(self.out):
+            if step not in self.seen:
+                total += _folder_bytes(path)
+        grew = total > self._pending_bytes
+        self._pending_bytes = total
+        return grew
 
     @property
     def progressed(self) -> bool:
-        """A new checkpoint landed since the watch began (refills the OOM budget)."""
-        return self.last > self.first
+        """A checkpoint beyond any earlier one landed since the watch began (refills the budgets)."""
+        return self.last > self.best
+
+
+def _folder_bytes(path: Path) -> int:
+    total = 0
+    try:
+        for root, _dirs, files in os.walk(path):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(root, name)).st_size
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    return total

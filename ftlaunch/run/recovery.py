@@ -16,7 +16,13 @@ from typing import Any
 from ftlaunch.plan.batch import divisors_desc
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.offload import ZERO3_OFFLOAD
-from ftlaunch.run.state import Budget, FailureKind
+from ftlaunch.run.state import Budget, FailureKind, RunStatus
+
+# The restart brake (issue 20; NVIDIA's launcher stops after 3 restart cycles whose checkpoint did not
+# advance): attempts in a row that end in a failure retried with the same config and save no new
+# checkpoint. Larger crash or stall budgets the user asked for are honoured.
+NO_PROGRESS_LIMIT = 3
+_SAME_CONFIG = (FailureKind.CRASH, FailureKind.HOST_OOM, FailureKind.STALLED)
 
 # Torchrun prefixes child lines with "[rank0]:"; we search the whole attempt's log.
 _CUDA_OOM = re.compile(
@@ -149,6 +155,8 @@ class Decision:
     message: str
     changes: tuple[Change, ...] = ()  # config changes for the next attempt
     budget: Budget = Budget()
+    ends: RunStatus | None = None  # FAIL: the status the run ends with (None: failed)
+    no_progress: int = 0  # attempts in a row without a new checkpoint (the restart brake's count)
 
     @property
     def edits(self) -> dict[str, Any]:
@@ -238,14 +246,59 @@ def decide(
     offload_ok: bool = False,
     step: int | None = None,
     resume_from: str | None = None,
+    no_progress: int = 0,
 ) -> Decision:
-    """Decide after an attempt ended. ``progressed``: a new checkpoint landed during it."""
+    """Decide after an attempt ended. ``progressed``: a checkpoint beyond any earlier one landed
+    during it: the crash and stall budgets refill (progress between failures is not a loop).
+    ``no_progress``: the brake's count before this attempt (from the run's state)."""
+    d = _decide(
+        ex,
+        config,
+        _refilled(budget) if progressed else budget,
+        recover=recover,
+        progressed=progressed,
+        offload_ok=offload_ok,
+        step=step,
+        resume_from=resume_from,
+    )
+    count = 0 if progressed else no_progress + (1 if ex.kind in _SAME_CONFIG else 0)
+    limit = max(NO_PROGRESS_LIMIT, budget.crash_max + 1, budget.stall_max + 1)
+    if d.action is Action.RETRY and ex.kind in _SAME_CONFIG and count >= limit:
+        where = f" (last at step {step}: {ex.message})" if step is not None else f" (last: {ex.message})"
+        return Decision(
+            Action.FAIL,
+            f"{count} attempts in a row ended without a new checkpoint{where}: not restarting again "
+            "(the restart brake); fix the cause, then `ftlaunch resume`",
+            budget=d.budget,
+            ends=RunStatus.NO_PROGRESS,
+            no_progress=count,
+        )
+    return replace(d, no_progress=count)
+
+
+def _refilled(budget: Budget) -> Budget:
+    return replace(budget, crash_used=0, stall_used=0)
+
+
+def _decide(
+    ex: Exit,
+    config: dict[str, Any],
+    budget: Budget,
+    *,
+    recover: bool,
+    progressed: bool,
+    offload_ok: bool,
+    step: int | None,
+    resume_from: str | None,
+) -> Decision:
     if ex.kind is None:
         return Decision(Action.SUCCEED, "training finished", budget=budget)
     if ex.kind is FailureKind.STOPPED:
         return Decision(Action.STOP, "stopped by the user; resume with `ftlaunch resume`", budget=budget)
     if ex.kind in (FailureKind.CONFIG, FailureKind.SETUP):
         return Decision(Action.FAIL, f"{ex.message} (a config error: not retried)", budget=budget)
+    if ex.kind is FailureKind.DISK_FULL:  # retrying writes the same checkpoint into the same full disk
+        return Decision(Action.FAIL, f"{ex.message} (not retried)", budget=budget, ends=RunStatus.DISK_FULL)
     if not recover:
         return Decision(Action.FAIL, f"{ex.message} (recovery off)", budget=budget)
     where = f" at step {step}" if step is not None else ""
@@ -281,6 +334,17 @@ def decide(
         why = f"{label}{where}: {what}"
         changes = tuple(Change(k, config.get(k), v, why) for k, v in edits.items())
         return Decision(Action.RETRY, msg, changes, spent)
+    if ex.kind is FailureKind.STALLED:
+        n = budget.stall_used + 1
+        if n > budget.stall_max:
+            return Decision(
+                Action.FAIL,
+                f"{ex.message}: stalled {budget.stall_max + 1} times, giving up (the stacks are in the run folder)",
+                budget=budget,
+                ends=RunStatus.STALLED,
+            )
+        msg = f"[{n}/{budget.stall_max}] stalled{where} ({ex.message}): restarting with the same config {origin}"
+        return Decision(Action.RETRY, msg, (), replace(budget, stall_used=n))
     n = budget.crash_used + 1
     if n > budget.crash_max:
         return Decision(Action.FAIL, f"{ex.message}: crashed {budget.crash_max + 1} times, giving up", budget=budget)

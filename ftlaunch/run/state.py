@@ -106,7 +106,10 @@ class Budget:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            **{k: getattr(self, k) for k in ("oom_max", "crash_max", "oom_used", "crash_used", "stall_max", "stall_used")},
+            **{
+                k: getattr(self, k)
+                for k in ("oom_max", "crash_max", "oom_used", "crash_used", "stall_max", "stall_used")
+            },
             "tried": list(self.tried),
         }
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -36,6 +37,8 @@ from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
 from ftlaunch.run.procs import GroupStop, signal_group, start_time
 from ftlaunch.run.recovery import Action, Exit, classify, decide
 from ftlaunch.run.rollback import HealthWatch
+from ftlaunch.run.stacks import StackDump, dump_stacks, find_py_spy
+from ftlaunch.run.stall import EVAL_MARK, SAVE_MARK, StallPolicy, Watchdog
 from ftlaunch.run.state import Budget, FailureKind, RunStatus
 from ftlaunch.run.store import read_secrets, read_state
 from ftlaunch.run.tail import Tail
@@ -67,6 +70,8 @@ class Supervisor:
         read_kernel_log: Callable[[], str] | None = None,
         gpu_sampler: Callable[[set[int]], float | None] | None = None,
         sample_every: float = 5.0,
+        stall_policy: StallPolicy | None = None,
+        stack_dumper: Callable[[int, Path], StackDump] | None = None,
     ):
         self.run_dir = run_dir
         self.env = dict(env)
@@ -86,6 +91,11 @@ class Supervisor:
         self.gpu_sampler = gpu_sampler or gpu_peak_of
         self.sample_every = sample_every
         self.observed_peak: float | None = None
+        # The stall watchdog (ftlaunch.run.stall): None takes --stall-timeout from the run's state.
+        self.stall_policy = stall_policy
+        self.stack_dumper = stack_dumper or self._dump_stacks
+        # What the output pump saw, for the watchdog: (clock, save or eval mark or "") per chunk.
+        self._console: deque[tuple[float, str]] = deque(maxlen=10000)
 
     @property
     def echo(self) -> bool:
@@ -159,7 +169,7 @@ class Supervisor:
             recover_until = int((read_state(self.run_dir).progress or {}).get("step") or 0)
             self.journal.attempt_started(attempt, status, budget, values, last[1].name if last else None, moved)
             self.watch.start()
-            rc, log_text, checkpoints, step = self._attempt(
+            rc, log_text, checkpoints, step, stalled = self._attempt(
                 out, attempt, extra_env, weights_only, recover_until if status is RunStatus.RECOVERING else None
             )
             # Numeric health first: a diverged trainer was halted by us, whatever its exit code says.
@@ -171,7 +181,10 @@ class Supervisor:
             if health is not None:
                 ex = Exit(FailureKind.DIVERGED, health.message)
                 return self._finish(RunStatus.DIVERGED, ex, rc, health.message, values, budget)
-            ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
+            if stalled is not None and self.stop_signal is None:
+                ex = Exit(FailureKind.STALLED, stalled)
+            else:
+                ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
             if ex.kind is FailureKind.HOST_OOM:
                 ex = with_kernel_evidence(ex, read_state(self.run_dir).trainer_pid, self.read_kernel_log)
             self.journal.exited(attempt, rc, ex, step)
@@ -186,6 +199,7 @@ class Supervisor:
                 offload_ok=offload_ok,
                 step=step,
                 resume_from=last[1].name if last else None,
+                no_progress=read_state(self.run_dir).no_progress_attempts,
             )
             budget = d.budget
             if d.action is Action.RETRY:
@@ -195,18 +209,29 @@ class Supervisor:
                 self._write_config(values, header)
                 self.journal.retry(attempt, d, ex, values, extra_env)
                 continue
-            return self._finish(_ENDS[d.action], ex, rc, d.message, values, budget)
+            ends = d.ends or _ENDS[d.action]
+            return self._finish(ends, ex, rc, d.message, values, budget, no_progress=d.no_progress)
 
-    def _finish(self, status: RunStatus, ex: Exit, rc: int, message: str, values: dict, budget: Budget) -> int:
-        if status is RunStatus.SUCCEEDED:
-            code = 0
-        elif status is RunStatus.STOPPED:
+    def _finish(
+        self,
+        status: RunStatus,
+        ex: Exit,
+        rc: int,
+        message: str,
+        values: dict,
+        budget: Budget,
+        no_progress: int | None = None,
+    ) -> int:
+        if status is RunStatus.STOPPED:
             code = STOPPED_EXIT
-        elif status is RunStatus.DIVERGED:
-            code = int(ExitCode.DIVERGED)
-        else:
+        elif status is RunStatus.FAILED:
             code = rc if rc > 0 else int(ExitCode.FAILED)
-        state = self.journal.finished(status, code, ex, message, budget)
+        else:  # succeeded, diverged, stalled, no_progress, disk_full: each its own code
+            code = status.exit_code()
+        state = self.journal.finished(status, code, ex, message, budget, no_progress)
+        if state is None:  # the run folder refuses writes: the end is said on stderr (supervisor.log)
+            print(f"ftlaunch supervisor: run {self.run_dir.name} {status.value}: {message}", file=sys.stderr)
+            return code
         if status is RunStatus.SUCCEEDED and state.memory_key and state.recovered_batch:
             remember(self.env, state.memory_key, values, reason=f"run {self.run_dir.name}")
         if state.memory_key and state.observed_peak_gib and state.predicted_peak_gib:
@@ -248,44 +273,54 @@ class Supervisor:
 
     def _attempt(
         self, out: Path, attempt: int, extra_env: dict[str, str], weights_only: bool, recover_until: int | None = None
-    ) -> tuple[int, str, CheckpointWatch, int | None]:
-        """Run one attempt to its end: (exit code, its train.log text, its checkpoints, last step)."""
+    ) -> tuple[int, str, CheckpointWatch, int | None, str | None]:
+        """Run one attempt to its end: (exit code, its train.log text, its checkpoints, last step, and
+        why it was stopped as stalled, if it was)."""
         log_path = self.run_dir / "train.log"
         self.journal.attempt_header(attempt)
         console = Tail.from_end(log_path)
         tlog = Tail.from_end(out / "trainer_log.jsonl")
-        checkpoints = CheckpointWatch(out, weights_only)
-        config_path = self._trainer_config()
         state = read_state(self.run_dir)
+        checkpoints = CheckpointWatch(out, weights_only, best=state.best_checkpoint or 0)
+        config_path = self._trainer_config()
         try:
             self.trainer = trainer = self._start_trainer(extra_env, config_path, state.base_dir)
         except (FtlaunchError, OSError) as exc:
             self._drop_trainer_config(config_path)
             self.journal.say(f"ftlaunch: cannot start the trainer: {exc}")
-            return 127, f"FileNotFoundError: cannot start the trainer: {exc}", checkpoints, None
+            return 127, f"FileNotFoundError: cannot start the trainer: {exc}", checkpoints, None, None
         self.journal.trainer_started(trainer.pid, start_time(trainer.pid))
+        self._console.clear()
+        dog = Watchdog.begin(self._policy(state), self.clock(), earlier=dict(state.stall or {}))
         pump = threading.Thread(target=self._pump, args=(trainer.stdout, log_path), daemon=True)
         pump.start()
         stop = GroupStop(trainer.pid, self.stop_grace, self.clock)
         rate = prog.StepRate()
         last_step: int | None = None
+        stalled: str | None = None
         records: list[dict] = []
         next_update = 0.0
+        next_watchdog = 0.0
         next_sample = self.clock() + min(1.0, self.sample_every)
         on_gpu = bool(state.gpu_count)  # the plan's machine: NVML is asked only when it has GPUs
         while True:
             rc = trainer.poll()
-            halt = self.stop_signal is not None or (self.watch is not None and self.watch.halt)
+            halt = stalled is not None or self.stop_signal is not None or (self.watch is not None and self.watch.halt)
             if halt and rc is None:
+                first = stop.since is None
                 stop.tick(lambda: self.journal.stopping(self.stop_signal))
+                if first:  # a SIGSTOPped (or traced) trainer acts on SIGTERM only once it runs again
+                    signal_group(trainer.pid, signal.SIGCONT)
             # progress from the trainer's own log, this attempt's lines only
             new = tlog.records()
+            dog = self._drain_console(dog)
             if new:
                 records.extend(new)
                 if self.watch is not None:
                     self.watch.feed(new)  # a divergence sets watch.halt: the trainer is stopped above
                 now = time.time()
                 last_step = int(new[-1]["current_steps"])
+                dog = dog.steps(last_step, self.clock())
                 steps_per_second = rate.update(int(new[0]["current_steps"]), last_step, now)
                 caught_up = recover_until is not None and last_step > recover_until
                 if self.clock() >= next_update or rc is not None or caught_up:
@@ -296,18 +331,61 @@ class Supervisor:
             if on_gpu and self.clock() >= next_sample and rc is None:
                 self._sample_gpu(trainer.pid)
                 next_sample = self.clock() + self.sample_every
-            if landed := checkpoints.landed():
-                self.journal.checkpoint(*landed)
+            dog = self._watch_checkpoints(checkpoints, dog)
             if rc is not None:
                 break
+            if self.clock() >= next_watchdog:
+                self.journal.watchdog(dog.to_dict(self.clock(), time.time()))
+                next_watchdog = self.clock() + 5.0
+            if stalled is None and not halt and dog.stalled(self.clock()):
+                stalled = self._on_stall(attempt, trainer.pid, dog)
             time.sleep(self.poll)
         if records:  # the last lines may have arrived while updates were throttled
             self.journal.last_progress(prog.latest_progress(records))
         pump.join(timeout=10)
         signal_group(trainer.pid, signal.SIGKILL)  # leave no stray workers of the trainer's group
+        self._watch_checkpoints(checkpoints, dog)  # a save that completed just before the exit
+        self.journal.watchdog(dog.to_dict(self.clock(), time.time()))
         self._drop_trainer_config(config_path)
         self.trainer = None
-        return rc, console.rest(), checkpoints, last_step
+        return rc, console.rest(), checkpoints, last_step, stalled
+
+    def _policy(self, state: Any) -> StallPolicy:
+        if self.stall_policy is not None:
+            return self.stall_policy
+        return StallPolicy(timeout=state.stall_timeout)
+
+    def _drain_console(self, dog: Watchdog) -> Watchdog:
+        while self._console:
+            at, mark = self._console.popleft()
+            dog = dog.console(mark, at)
+        return dog
+
+    def _watch_checkpoints(self, checkpoints: CheckpointWatch, dog: Watchdog) -> Watchdog:
+        """Record every checkpoint that landed (each once); a save in progress is progress too."""
+        for step, path in checkpoints.landed_all():
+            checkpoints.best = max(checkpoints.best, step)
+            self.journal.checkpoint(step, path, checkpoints.best)
+            dog = dog.checkpoint_done(self.clock())
+        if checkpoints.growth():
+            dog = dog.checkpoint_grew(self.clock())
+        return dog
+
+    def _on_stall(self, attempt: int, pid: int, dog: Watchdog) -> str:
+        """No progress within the allowance: dump every trainer process's stacks, then stop the group."""
+        description = dog.describe(self.clock())
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        dump = self.stack_dumper(pid, self.run_dir / "stacks" / f"attempt-{attempt}-{stamp}.txt")
+        self.journal.say(f"ftlaunch: stalled: {description}; stacks: {dump.describe()}; stopping the trainer")
+        self.journal.stalled(attempt, description, str(dump.path), dog.to_dict(self.clock(), time.time()))
+        return f"{description}; stacks in {dump.path}"
+
+    def _dump_stacks(self, pid: int, path: Path) -> StackDump:
+        try:
+            trainer = find_trainer(self.env)
+        except FtlaunchError:
+            trainer = None
+        return dump_stacks(pid, path, find_py_spy(self.env, trainer))
 
     def _secrets(self) -> dict[str, Any]:
         """Secret config keys (hub_token, ...): kept out of config.yaml, in a 0600 file of the run."""
@@ -332,27 +410,58 @@ class Supervisor:
             path.unlink(missing_ok=True)
 
     def _pump(self, stream: IO[bytes] | None, log_path: Path) -> None:
+        """Copy the trainer's output into train.log (redacted), chunk by chunk: a progress bar's ``\\r``
+        updates count as activity for the watchdog. A full or unwritable run folder drops output
+        (counted, said later) but never stops reading: a blocked pipe would hang the trainer."""
         if stream is None:
             return
         secret_values = [str(v) for v in self._secrets().values()]
-        with open(log_path, "ab") as log:
-            for raw in iter(stream.readline, b""):
-                line = raw
-                text = raw.decode(errors="replace")
-                if self.watch is not None:
-                    self.watch.console(text)  # grad_norm is only in the console (numeric health)
-                clean = redact(text, self.env, secret_values)
-                if clean != text:
-                    line = clean.encode()
-                log.write(line)
-                log.flush()
-                if self.journal.echo:
-                    try:
-                        sys.stdout.buffer.write(line)
-                        sys.stdout.buffer.flush()
-                    except (OSError, ValueError):
-                        self.journal.echo = False  # the terminal went away; keep logging to the file
+        pending = b""
+        dropped = 0
+        log = None
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            pending += chunk
+            cut = max(pending.rfind(b"\n"), pending.rfind(b"\r"))
+            if cut < 0 and len(pending) < 1 << 20:
+                self._console.append((self.clock(), ""))
+                continue
+            done, pending = (pending[: cut + 1], pending[cut + 1 :]) if cut >= 0 else (pending, b"")
+            log, dropped = self._emit(done, log, log_path, secret_values, dropped)
+        if pending:
+            log, dropped = self._emit(pending, log, log_path, secret_values, dropped)
+        if log is not None:
+            log.close()
         stream.close()
+
+    def _emit(
+        self, data: bytes, log: IO[bytes] | None, log_path: Path, secret_values: list[str], dropped: int
+    ) -> tuple[IO[bytes] | None, int]:
+        text = data.decode(errors="replace")
+        mark = SAVE_MARK if SAVE_MARK in text else EVAL_MARK if EVAL_MARK in text else ""
+        self._console.append((self.clock(), mark))
+        if self.watch is not None:
+            for line in text.splitlines(keepends=True):
+                self.watch.console(line)  # grad_norm is only in the console (numeric health)
+        clean = redact(text, self.env, secret_values)
+        line = clean.encode() if clean != text else data
+        try:
+            if log is None:
+                log = open(log_path, "ab")
+            if dropped:
+                lost = f"\nftlaunch: {dropped} byte(s) of trainer output were lost: the run folder refused writes\n"
+                log.write(lost.encode())
+            log.write(line)
+            log.flush()
+            dropped = 0
+        except OSError:
+            dropped += len(line)
+        if self.journal.echo:
+            try:
+                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.flush()
+            except (OSError, ValueError):
+                self.journal.echo = False  # the terminal went away; keep logging to the file
+        return log, dropped
 
 
 def kernel_log() -> str:
