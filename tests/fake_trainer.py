@@ -14,6 +14,11 @@ FAKE_TRAINER_SCRIPT is a JSON list, one entry per attempt (the last repeats), ea
   {"oom_above": 2, "from_step": 12, "steps": 20, "save_steps": 4}
                                     train: a checkpoint every save_steps; from from_step on, a micro-batch
                                     above oom_above runs out of memory (torch's message, with its numbers)
+  {"crash": "boom"}                 a RuntimeError traceback before any step, exit 1
+  {"train": true, "steps": 20, "save_steps": 4, "crash_after_saves": 1, "hang_at": 7, "step_sleep": 0.05}
+                                    train like the real trainer (resume from the last checkpoint-N); crash
+                                    after saving that many checkpoints in this attempt; or print step
+                                    hang_at, then hang forever (the stall watchdog's case)
 It counts attempts in FAKE_TRAINER_COUNTER and records each config it was given.
 """
 
@@ -52,6 +57,11 @@ def main() -> int:
         time.sleep(step["sleep"])
     if "oom_above" in step:
         return train_until_oom(cfg, out, step)
+    if "crash" in step:
+        print(f"Traceback (most recent call last):\nRuntimeError: {step['crash']}", flush=True)
+        return 1
+    if step.get("train"):
+        return train(out, step)
     if "signal" in step:
         os.kill(os.getpid(), step["signal"])
     if step.get("oom"):
@@ -108,6 +118,27 @@ def train_until_oom(cfg: dict, out: Path, step: dict) -> int:
             f.write(json.dumps({"current_steps": i, "total_steps": total, "loss": 1.0 / i}) + "\n")
         if i % save == 0:
             write_checkpoint(out, i)
+    return 0
+
+
+def train(out: Path, step: dict) -> int:
+    """Resume from the last checkpoint-N, log each step, save every save_steps; crash or hang as told."""
+    done = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
+    start, total, save = max(done, default=0), step.get("steps", 20), step.get("save_steps", 4)
+    saves = 0
+    for i in range(start + 1, total + 1):
+        time.sleep(step.get("step_sleep", 0.0))
+        with open(out / "trainer_log.jsonl", "a") as f:
+            f.write(json.dumps({"current_steps": i, "total_steps": total, "loss": 1.0 / i}) + "\n")
+        if i == step.get("hang_at"):
+            print(f"step {i}: hanging", flush=True)
+            time.sleep(3600)
+        if i % save == 0:
+            write_checkpoint(out, i)
+            saves += 1
+            if saves == step.get("crash_after_saves"):
+                print(f"Traceback (most recent call last):\nRuntimeError: crash after checkpoint-{i}", flush=True)
+                return 1
     return 0
 
 

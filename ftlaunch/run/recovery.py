@@ -263,7 +263,9 @@ def decide(
     )
     count = 0 if progressed else no_progress + (1 if ex.kind in _SAME_CONFIG else 0)
     limit = max(NO_PROGRESS_LIMIT, budget.crash_max + 1, budget.stall_max + 1)
-    if d.action is Action.RETRY and ex.kind in _SAME_CONFIG and count >= limit:
+    # Stall restarts spent end `stalled` (their own budget); a retry or a spent crash budget is braked.
+    braked = d.action is Action.RETRY or (d.action is Action.FAIL and d.ends is None)
+    if braked and ex.kind in _SAME_CONFIG and count >= limit:
         where = f" (last at step {step}: {ex.message})" if step is not None else f" (last: {ex.message})"
         return Decision(
             Action.FAIL,

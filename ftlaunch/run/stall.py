@@ -62,6 +62,7 @@ class Watchdog:
     last_step: int | None = None
     last_step_at: float | None = None
     longest_step_gap: float = 0.0  # seconds between two step records, the longest seen
+    slow_since_step: float = 0.0  # time spent saving or evaluating since the last step record
     longest_slow_phase: float = 0.0  # the longest save or evaluation seen (this run)
     load_seconds: float | None = None  # measured: trainer start -> first step record
     measured_load: float | None = None  # an earlier attempt's load time (from the run's state)
@@ -87,13 +88,12 @@ class Watchdog:
         if self.last_step is not None and step <= self.last_step:
             return self
         w = self
-        gap = 0.0
+        slow = w.slow_since_step
         if w.phase in (Phase.SAVING, Phase.EVALUATING):
             w = replace(w, longest_slow_phase=max(w.longest_slow_phase, now - w.phase_since))
-            if w.last_step_at is not None:  # the training part only: a save or evaluation has its own allowance
-                gap = w.phase_since - w.last_step_at
-        elif w.last_step_at is not None:
-            gap = now - w.last_step_at
+            slow += now - w.phase_since
+        # the training part only: a save or an evaluation has its own allowance
+        gap = 0.0 if w.last_step_at is None else max(0.0, now - w.last_step_at - slow)
         return replace(
             w,
             phase=Phase.TRAINING,
@@ -102,6 +102,7 @@ class Watchdog:
             last_step_at=now,
             last_progress=now,
             longest_step_gap=max(w.longest_step_gap, gap),
+            slow_since_step=0.0,
             load_seconds=w.load_seconds if w.load_seconds is not None else now - w.started,
         )
 
@@ -125,8 +126,15 @@ class Watchdog:
         """A complete checkpoint landed: the save is over (training goes on, or the run ends)."""
         if self.phase is not Phase.SAVING:
             return replace(self, last_progress=now)
-        longest = max(self.longest_slow_phase, now - self.phase_since)
-        return replace(self, phase=Phase.TRAINING, phase_since=now, last_progress=now, longest_slow_phase=longest)
+        took = now - self.phase_since
+        return replace(
+            self,
+            phase=Phase.TRAINING,
+            phase_since=now,
+            last_progress=now,
+            longest_slow_phase=max(self.longest_slow_phase, took),
+            slow_since_step=self.slow_since_step + took,
+        )
 
     # ------------------------------------------------------------ the verdict
 

@@ -364,8 +364,7 @@ class Supervisor:
     def _watch_checkpoints(self, checkpoints: CheckpointWatch, dog: Watchdog) -> Watchdog:
         """Record every checkpoint that landed (each once); a save in progress is progress too."""
         for step, path in checkpoints.landed_all():
-            checkpoints.best = max(checkpoints.best, step)
-            self.journal.checkpoint(step, path, checkpoints.best)
+            self.journal.checkpoint(step, path, max(checkpoints.best, checkpoints.last))
             dog = dog.checkpoint_done(self.clock())
         if checkpoints.growth():
             dog = dog.checkpoint_grew(self.clock())

@@ -1,0 +1,243 @@
+"""The unattended guard (issue 20): the stall watchdog, the restart brake, budgets that refill on
+progress and a checkpoint watch that never misses a save. Pure decisions first, then real supervisor
+runs of the scripted trainer (tests/fake_trainer.py) for the cases a real run cannot produce cheaply.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ftlaunch.run.checkpoints import CheckpointWatch
+from ftlaunch.run.recovery import Action, Exit, decide
+from ftlaunch.run.stall import StallPolicy, Watchdog
+from ftlaunch.run.state import Budget, FailureKind, RunStatus
+from ftlaunch.run.store import read_events, read_state, update_state
+from ftlaunch.run.supervisor import Supervisor
+from tests.fake_trainer import configs_seen, write_checkpoint
+from tests.run.test_recovery import make_run
+
+# ---------------------------------------------------------------- the watchdog's allowances
+
+
+def test_training_timeout_is_the_floor_until_five_step_gaps_exceed_it():
+    w = Watchdog.begin(StallPolicy(), now=0.0)
+    w = w.steps(1, 100.0).steps(2, 110.0)  # 10 s between steps
+    assert w.timeout() == 600.0 and not w.stalled(110.0 + 600.0) and w.stalled(110.0 + 601.0)
+    w = w.steps(3, 310.0)  # a 200 s step: 5x is 1000 s
+    assert w.timeout() == 1000.0
+    assert "5x the longest step interval" in w.why()
+
+
+def test_an_explicit_timeout_wins_in_training():
+    w = Watchdog.begin(StallPolicy(timeout=20), now=0.0).steps(1, 5.0).steps(2, 6.0)
+    assert w.allowance() == 20 and not w.stalled(26.0) and w.stalled(26.5)
+
+
+def test_loading_has_a_longer_allowance_and_console_output_is_progress_there():
+    w = Watchdog.begin(StallPolicy(timeout=20), now=0.0)
+    assert w.allowance() == 1800.0  # nothing measured yet: the load floor
+    w = w.console("Running tokenizer on dataset: 50%", 1000.0)
+    assert w.idle(1000.0) == 0.0
+    # an earlier attempt measured the load: 3x that, at least the timeout
+    w2 = Watchdog.begin(StallPolicy(timeout=20), now=0.0, earlier={"load_s": 12.0})
+    assert w2.allowance() == 36.0 and w2.stalled(37.0)
+
+
+def test_console_output_in_training_is_not_progress_but_a_save_or_evaluation_opens_a_longer_phase():
+    w = Watchdog.begin(StallPolicy(timeout=10), now=0.0).steps(1, 1.0)
+    w = w.console("some warning", 8.0)
+    assert w.idle(8.0) == 7.0  # a chatty hung trainer still stalls
+    w = w.console("[INFO|trainer.py:3815] >> Saving model checkpoint to /x/checkpoint-4", 9.0)
+    assert w.phase == "saving" and w.allowance() == 30.0
+    w = w.checkpoint_done(20.0)
+    assert w.phase == "training" and w.longest_slow_phase == 11.0
+    w = w.console("***** Running Evaluation *****", 21.0)
+    assert w.phase == "evaluating" and w.allowance() >= 33.0
+    w = w.steps(2, 40.0)
+    # the save and the evaluation are not step gaps: the training part only
+    assert w.longest_step_gap < 10.0 and w.phase == "training"
+
+
+def test_a_growing_checkpoint_is_progress():
+    w = Watchdog.begin(StallPolicy(timeout=10), now=0.0).steps(1, 1.0)
+    w = w.checkpoint_grew(9.0)
+    assert w.phase == "saving" and w.idle(9.0) == 0.0
+
+
+def test_watchdog_view_round_trips_into_the_next_attempt():
+    w = Watchdog.begin(StallPolicy(), now=0.0).steps(1, 30.0).steps(2, 40.0)
+    d = w.to_dict(now=45.0, wall_now=1000.0)
+    assert d["idle_s"] == 5.0 and d["last_progress_at"] == 995.0 and d["load_s"] == 30.0
+    nxt = Watchdog.begin(StallPolicy(), now=0.0, earlier=d)
+    assert nxt.measured_load == 30.0 and nxt.longest_step_gap == 10.0
+
+
+# ---------------------------------------------------------------- the restart brake and budgets
+
+
+def _crash(msg: str = "exit code 1: RuntimeError: boom") -> Exit:
+    return Exit(FailureKind.CRASH, msg)
+
+
+def test_three_crashes_without_a_new_checkpoint_end_no_progress():
+    budget, count = Budget(crash_max=2), 0
+    actions = []
+    for _ in range(3):
+        d = decide(_crash(), {}, budget, no_progress=count)
+        budget, count = d.budget, d.no_progress
+        actions.append((d.action, d.ends))
+    assert actions[:2] == [(Action.RETRY, None), (Action.RETRY, None)]
+    assert actions[2] == (Action.FAIL, RunStatus.NO_PROGRESS)
+    assert count == 3
+
+
+def test_progress_between_crashes_refills_the_crash_budget_and_resets_the_brake():
+    budget, count = Budget(crash_max=2), 0
+    for _ in range(6):  # twice the budget, each attempt saved a new checkpoint
+        d = decide(_crash(), {}, budget, progressed=True, no_progress=count)
+        assert d.action is Action.RETRY
+        budget, count = d.budget, d.no_progress
+    assert budget.crash_used == 1 and count == 0
+
+
+def test_the_brake_survives_a_refilled_budget_as_after_a_requeue():
+    # a requeue or a plain resume refills the budget; the brake's count is the run's state
+    d = decide(_crash(), {}, Budget(crash_max=2), no_progress=2)
+    assert d.action is Action.FAIL and d.ends is RunStatus.NO_PROGRESS
+
+
+def test_a_stall_is_restarted_within_its_own_budget_then_ends_stalled():
+    budget = Budget(stall_max=2)
+    ex = Exit(FailureKind.STALLED, "no progress for 21 s after step 11")
+    d1 = decide(ex, {}, budget, progressed=True)
+    d2 = decide(ex, {}, d1.budget, progressed=True)
+    d3 = decide(ex, {}, d2.budget, progressed=True)
+    assert [d.action for d in (d1, d2, d3)] == [Action.RETRY, Action.RETRY, Action.RETRY]  # progress refills
+    s1 = decide(ex, {}, Budget(stall_max=1))
+    s2 = decide(ex, {}, s1.budget, no_progress=s1.no_progress)
+    assert s1.action is Action.RETRY and "[1/1] stalled" in s1.message
+    assert s2.action is Action.FAIL and s2.ends is RunStatus.STALLED
+
+
+def test_disk_full_is_never_retried():
+    d = decide(Exit(FailureKind.DISK_FULL, "no space left on /data"), {}, Budget())
+    assert d.action is Action.FAIL and d.ends is RunStatus.DISK_FULL
+
+
+def test_config_changing_retries_do_not_count_for_the_brake():
+    oom = Exit(FailureKind.CUDA_OOM, "CUDA out of memory")
+    d = decide(oom, {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}, Budget(), no_progress=2)
+    assert d.action is Action.RETRY and d.no_progress == 2
+
+
+# ---------------------------------------------------------------- the checkpoint watch
+
+
+def test_two_saves_between_polls_are_both_reported(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    watch = CheckpointWatch(out, weights_only=False)
+    write_checkpoint(out, 4)
+    write_checkpoint(out, 8)
+    assert [s for s, _ in watch.landed_all()] == [4, 8]
+    assert watch.landed_all() == []
+
+
+def test_an_older_checkpoint_completing_beside_a_newer_partial_one_is_reported(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    watch = CheckpointWatch(out, weights_only=False)
+    (out / "checkpoint-12").mkdir()
+    (out / "checkpoint-12" / "model.safetensors").write_bytes(b"\0" * 100)
+    assert watch.growth() is True and watch.growth() is False
+    write_checkpoint(out, 8)
+    assert [s for s, _ in watch.landed_all()] == [8]
+    write_checkpoint(out, 12)
+    assert [s for s, _ in watch.landed_all()] == [12]
+    assert watch.progressed
+
+
+def test_a_rotated_checkpoint_still_counts(tmp_path):
+    import shutil
+
+    out = tmp_path / "out"
+    out.mkdir()
+    watch = CheckpointWatch(out, weights_only=False)
+    write_checkpoint(out, 4)
+    assert watch.landed() is not None
+    write_checkpoint(out, 8)
+    shutil.rmtree(out / "checkpoint-4")  # save_total_limit: 1
+    assert [s for s, _ in watch.landed_all()] == [8] and watch.last == 8
+
+
+# ---------------------------------------------------------------- real supervisor runs
+
+
+def _events(run_dir: Path, name: str) -> list[dict]:
+    """Events of that name (a stall's own events carry its stacks; the run's end is named by its status too)."""
+    return [e for e in read_events(run_dir) if e["event"] == name and (name != "stalled" or "stacks" in e)]
+
+
+def test_a_trainer_that_crashes_before_any_checkpoint_ends_no_progress_after_three_attempts(tmp_path):
+    run_dir, env = make_run(tmp_path, [{"crash": "boom"}])
+    update_state(run_dir, budget=Budget(crash_max=5))  # a crash budget larger than the brake
+    code = Supervisor(run_dir, env, poll=0.05).run()
+    st = read_state(run_dir)
+    assert (code, st.status) == (16, RunStatus.NO_PROGRESS)
+    assert len(configs_seen(tmp_path)) == 6  # max(3, crash_max + 1) attempts
+    assert st.no_progress_attempts == 6 and "without a new checkpoint" in st.message
+
+
+def test_the_default_brake_is_three_attempts(tmp_path):
+    run_dir, env = make_run(tmp_path, [{"crash": "boom"}])
+    update_state(run_dir, budget=Budget(crash_max=2))
+    assert Supervisor(run_dir, env, poll=0.05).run() == 16
+    assert len(configs_seen(tmp_path)) == 3
+
+
+def test_a_trainer_that_saves_between_crashes_keeps_going_past_the_crash_budget(tmp_path):
+    script = [{"train": True, "steps": 16, "save_steps": 4, "crash_after_saves": 1}]
+    run_dir, env = make_run(tmp_path, script)  # crash budget 1 (make_run)
+    code = Supervisor(run_dir, env, poll=0.05).run()
+    st = read_state(run_dir)
+    # checkpoints 4, 8, 12, 16: a crash after each, the last one at the end of training
+    assert [c["step"] for c in _events(run_dir, "checkpoint")] == [4, 8, 12, 16]
+    assert st.last_checkpoint == 16 and st.best_checkpoint == 16
+    assert (code, st.status) == (0, RunStatus.SUCCEEDED) and len(configs_seen(tmp_path)) == 5
+    retries = [e["message"] for e in _events(run_dir, "retry")]
+    assert all(m.startswith("[1/1] crash") for m in retries)  # the budget refilled each time
+
+
+def test_a_hung_trainer_is_stalled_its_stacks_dumped_and_it_is_resumed(tmp_path):
+    script = [
+        {"train": True, "steps": 12, "save_steps": 4, "hang_at": 6, "step_sleep": 0.02},
+        {"train": True, "steps": 12, "save_steps": 4, "step_sleep": 0.02},
+    ]
+    run_dir, env = make_run(tmp_path, script)
+    update_state(run_dir, stall_timeout=1.5)
+    t0 = time.monotonic()
+    code = Supervisor(run_dir, env, poll=0.05, stop_grace=2).run()
+    assert code == 0 and time.monotonic() - t0 < 60
+    stalled = _events(run_dir, "stalled")
+    assert len(stalled) == 1 and "after step 6" in stalled[0]["message"]
+    dump = Path(stalled[0]["stacks"])
+    assert dump.is_file() and "fake_trainer" in dump.read_text()
+    assert dump.parent == run_dir / "stacks"
+    retry = _events(run_dir, "retry")[0]["message"]
+    assert "[1/2] stalled at step 6" in retry and "from checkpoint-4" in retry
+    steps = [json.loads(x)["current_steps"] for x in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8, 9, 10, 11, 12]  # resumed from checkpoint-4
+    st = read_state(run_dir)
+    assert st.status is RunStatus.SUCCEEDED and st.stall["timeout_s"] == 1.5
+
+
+def test_a_run_that_stalls_every_time_ends_stalled_with_its_code(tmp_path):
+    script = [{"train": True, "steps": 12, "save_steps": 4, "hang_at": 2}]
+    run_dir, env = make_run(tmp_path, script)
+    update_state(run_dir, stall_timeout=1.0, budget=Budget(stall_max=1, crash_max=1))
+    code = Supervisor(run_dir, env, poll=0.05, stop_grace=2).run()
+    st = read_state(run_dir)
+    assert (code, st.status, st.failure_kind) == (15, RunStatus.STALLED, FailureKind.STALLED)
+    assert len(_events(run_dir, "stalled")) == 2 and "stalled 2 times" in st.message
