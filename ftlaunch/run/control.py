@@ -23,7 +23,8 @@ from ftlaunch.plan.config import (
 )
 from ftlaunch.run import progress as prog
 from ftlaunch.run.launch import supervise
-from ftlaunch.run.procs import Liveness, liveness, terminate_group
+from ftlaunch.run.orphans import TrainerAlive, live_trainers, runs_of_output_dir, stop_trainer
+from ftlaunch.run.procs import Liveness, liveness
 from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import append_event, read_state, update_state, write_secrets, write_state
 from ftlaunch.run.trainer import find_trainer
@@ -83,9 +84,15 @@ def stop_run(run_dir: Path, grace: float = 30.0, env: Mapping[str, str] | None =
                 os.kill(pid, signal.SIGKILL)
                 break
             time.sleep(0.1)
-    # The supervisor is gone; its trainer may be an orphan still holding the GPU.
-    if state.trainer_pid is not None and liveness(state.trainer_pid, state.trainer_start) is Liveness.ALIVE:
-        terminate_group(state.trainer_pid, grace=grace)
+    # The supervisor is gone; its trainer may be an orphan still holding the GPU (or, its leader gone,
+    # workers of its process group). The state again: the supervisor may have started another attempt.
+    state = _state_or_none(run_dir) or state
+    for orphan in live_trainers([(run_dir, state)]):
+        if orphan.verdict is not Liveness.ALIVE:
+            return f"{orphan.describe()}; not touching it"
+        if not stop_trainer(orphan, grace=grace):
+            return f"run {run_dir.name}: its trainer's process group {orphan.pgid} is still alive after SIGKILL"
+        append_event(run_dir, "orphan_stopped", pgid=orphan.pgid, pids=list(orphan.pids), how=orphan.how)
     if not _status_now(run_dir).is_terminal():
         update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="stopped by the user")
         append_event(run_dir, "stopped", message="supervisor was gone; trainer stopped directly")
@@ -177,8 +184,7 @@ def resume_run(
         if verdict is not None:
             return verdict
         status = state.status
-        if state.trainer_pid is not None and liveness(state.trainer_pid, state.trainer_start) is not Liveness.DEAD:
-            terminate_group(state.trainer_pid, grace=30)  # an orphan from a killed supervisor
+        _end_orphans(run_dir, env, output_dir, state)
         if overrides:
             edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
         out = Path(state.output_dir or "")
@@ -195,6 +201,24 @@ def resume_run(
     if foreground:
         return Resumed(ResumeOutcome.FOREGROUND, exit_code=started.exit_code)
     return Resumed(ResumeOutcome.RESTARTED, pid=started.pid)
+
+
+def _end_orphans(run_dir: Path, env: Mapping[str, str], output_dir: str, state: RunState, grace: float = 30.0) -> None:
+    """Before a restart, holding the output_dir lock: this run's trainer that outlived its supervisor
+    is stopped (the user asked for the restart), and waited for until no process of its group is
+    left. A trainer of another run into this output_dir, or one that may be alive (UNKNOWN), refuses
+    the restart (exit 7): neither is ours to end."""
+    others = [(d, st) for d, st in runs_of_output_dir(env, output_dir) if d.name != run_dir.name]
+    found = live_trainers([(run_dir, state), *others])
+    if refused := [t for t in found if t.run_id != run_dir.name or t.verdict is not Liveness.ALIVE]:
+        raise TrainerAlive(output_dir, refused)
+    for orphan in found:
+        if not stop_trainer(orphan, grace=grace):
+            raise BusyError(
+                f"run {run_dir.name}: its trainer's process group {orphan.pgid} is still alive after SIGKILL",
+                hint=f"see what is left with `ps -o pid,stat,args -g {orphan.pgid}`",
+            )
+        append_event(run_dir, "orphan_stopped", pgid=orphan.pgid, pids=list(orphan.pids), how=orphan.how)
 
 
 def _rewrite_checkpoint_lr(

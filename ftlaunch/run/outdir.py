@@ -22,8 +22,9 @@ from ftlaunch.plan.config import (
 from ftlaunch.plan.memory.store import config_key
 from ftlaunch.plan.planner import Plan
 from ftlaunch.run import progress as prog
+from ftlaunch.run.orphans import refuse_if_alive, runs_of_output_dir
 from ftlaunch.run.state import RunState, RunStatus
-from ftlaunch.run.store import read_state, runs_root
+from ftlaunch.run.store import runs_root
 
 
 class Existing(StrEnum):
@@ -93,10 +94,11 @@ def claim_output_dir(
     """Before a new run exists: check FTLAUNCH_HOME and the output_dir, take the output_dir's lock
     (exit 7 when a live run holds it) and decide about old checkpoints under it.
 
+    Exit 7 too when a trainer of an earlier run into this output_dir outlived its supervisor: that
+    check runs under the lock, so no other shell can start a trainer in between.
+
     Returns the held lock (hand it to `start_detached` or the Supervisor) and the state fields that
     record what was found."""
-    from ftlaunch.run.store import list_runs
-
     home_problem(env)
     output_dir = str(p.config.get("output_dir") or "")
     if not output_dir:
@@ -105,17 +107,11 @@ def claim_output_dir(
         raise ConfigError(f"output_dir {problem}", hint="choose a directory you can write")
     lock = acquire_output_lock(env, output_dir, f"{NEW_RUN} (pid {os.getpid()})")
     try:
+        runs = runs_of_output_dir(env, output_dir)
+        refuse_if_alive(output_dir, runs)  # before the checkpoints: an orphan may be writing them
         out = Path(output_dir)
         checkpoints = [path.name for _, path in prog.checkpoint_dirs(out)]
-        owners = []
-        for run_dir in list_runs(env):
-            try:
-                st = read_state(run_dir)
-            except StateError:
-                continue
-            if st.output_dir and os.path.abspath(st.output_dir) == os.path.abspath(output_dir):
-                owners.append(st)
-        owners.sort(key=lambda st: st.created or "")  # ids of one second sort at random
+        owners = sorted((st for _, st in runs), key=lambda st: st.created or "")  # ids of one second sort at random
         key = config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target)
         verdict, why = output_dir_verdict(output_dir, checkpoints, owners, key, existing)
         record: dict[str, Any] = {}

@@ -127,3 +127,42 @@ class GroupStop:
             signal_group(self.pgid, signal.SIGTERM)
         elif self.clock() - self.since > self.grace:
             signal_group(self.pgid, signal.SIGKILL)
+
+
+def group_members(pgid: int) -> tuple[int, ...]:
+    """The live processes of a process group (zombies left out: they hold nothing and end with their
+    reaper); the group's leader may be gone while its children live on (a torchrun worker)."""
+    found = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) != pgid or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                continue
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue  # gone meanwhile
+        found.append(pid)
+    return tuple(found)
+
+
+def end_group(
+    pgid: int,
+    grace: float = 30.0,
+    poll: float = 0.1,
+    *,
+    members: Callable[[int], tuple[int, ...]] = group_members,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """SIGTERM a process group, wait up to ``grace`` s until none of its processes is left, then
+    SIGKILL and wait 5 s more. True when the group is gone. Unlike ``terminate_group`` it counts
+    processes, not the group id: zombies nobody reaps yet do not keep it waiting, and a leader
+    gone before its workers does not end the wait early."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        if not members(pgid):
+            return True
+        signal_group(pgid, sig)
+        deadline = clock() + wait
+        while clock() < deadline:
+            if not members(pgid):
+                return True
+            sleep(poll)
+    return not members(pgid)
