@@ -151,4 +151,10 @@ def status_table(v: dict[str, Any]) -> Table:
         t.add_row("supervisor pid", f"{v['pid']} (trainer {v.get('trainer_pid') or '-'})")
     if v["status"] in ("running", "recovering", "starting"):
         t.add_row("ETA", fmt_seconds(v.get("eta_seconds")))
+    if v.get("seconds_since_progress") is not None:
+        allowance = v.get("stall_timeout_seconds")
+        limit = f" of {fmt_seconds(allowance)} allowed ({v.get('stall_timeout_why')})" if allowance else ""
+        t.add_row("last progress", f"{fmt_seconds(v['seconds_since_progress'])} ago, {v.get('stall_phase')}{limit}")
+    if v.get("no_progress_attempts"):
+        t.add_row("attempts without a new checkpoint", str(v["no_progress_attempts"]))
     return t

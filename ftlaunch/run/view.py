@@ -41,6 +41,7 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         since = (now or time.time()) - float(state.progress_at or time.time())
         eta = max(0.0, (total - step) / rate - since)
     cost = _cost(run_dir, state, status, step, total, rate, now)
+    live_run = status in (RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.STARTING)
     return {
         "id": state.id or run_dir.name,
         "name": state.name,
@@ -74,7 +75,24 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         "observed_peak_gib": state.observed_peak_gib,
         "slurm_job_id": state.slurm_job_id,
         "slurm_state": slurm_state,
+        **stall_view(state, now if now is not None else time.time(), live_run),
         **cost,
+    }
+
+
+def stall_view(state: RunState, now: float, live: bool) -> dict[str, Any]:
+    """The stall watchdog as `status` shows it: seconds since the last progress and the allowance in
+    force (with where it comes from) while the run is live; the restart brake's count always."""
+    stall = state.stall or {}
+    at = stall.get("last_progress_at")
+    idle = round(max(0.0, now - float(at)), 1) if live and at is not None else None
+    return {
+        "seconds_since_progress": idle,
+        "stall_phase": stall.get("phase") if live else None,
+        "stall_timeout_seconds": stall.get("allowance_s") if live else None,
+        "stall_timeout_why": stall.get("why") if live else None,
+        "load_seconds": stall.get("load_s"),
+        "no_progress_attempts": state.no_progress_attempts,
     }
 
 

@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from ftlaunch.errors import StateError
 from ftlaunch.run.slurm import sbatch as slurm
 from ftlaunch.run.state import RunStatus
-from ftlaunch.run.store import append_event, read_events, update_state
+from ftlaunch.run.store import append_event, read_events, read_state, update_state
 
 
 class Flags:
@@ -44,6 +45,24 @@ def child_command(run_dir: Path, python: str) -> list[str]:
     return [python, "-m", "ftlaunch", "resume", run_dir.name, "--foreground", "--no-follow"]
 
 
+# A run that ended here must stay down when the job is requeued (by us, an admin or a node failure):
+# restarting it would only repeat the attempts that made no progress, or fill the same disk again.
+_STAY_DOWN = (RunStatus.NO_PROGRESS, RunStatus.DISK_FULL)
+
+
+def _stays_down(run_dir: Path) -> int | None:
+    """The exit code of a run the restart brake (or a full disk) ended, else None."""
+    try:
+        state = read_state(run_dir)
+    except StateError:
+        return None
+    if state.status not in _STAY_DOWN:
+        return None
+    append_event(run_dir, "slurm_not_resumed", status=state.status.value, message=state.message)
+    print(f"ftlaunch: run {run_dir.name} ended {state.status.value}: not resumed ({state.message})", file=sys.stderr)
+    return state.status.exit_code()
+
+
 def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -57,6 +76,8 @@ def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
     job = slurm.slurm_env(env)
     append_event(run_dir, "slurm_job_started", **{k.lower(): v for k, v in job.items()})
     update_state(run_dir, slurm_job=job)
+    if (held := _stays_down(run_dir)) is not None:
+        return held
     # The supervisor writes train.log itself; its echo would reach train.log twice via Slurm's output.
     child = subprocess.Popen(child_command(run_dir, sys.executable), env=env, stdout=subprocess.DEVNULL)
     forwarded = False
@@ -68,7 +89,7 @@ def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
             forwarded = True
         time.sleep(poll)
     code = child.returncode
-    if flags.usr1 and not flags.term and job.get("SLURM_JOB_ID"):
+    if flags.usr1 and not flags.term and job.get("SLURM_JOB_ID") and _stays_down(run_dir) is None:
         ok = slurm.requeue(job["SLURM_JOB_ID"], env)
         append_event(run_dir, "requeued" if ok else "requeue_failed", job_id=job["SLURM_JOB_ID"])
         if ok:
