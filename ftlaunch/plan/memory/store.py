@@ -5,17 +5,28 @@ Written by the supervisor: ``remember`` when a run succeeded after shrinking its
 ``remember_observed`` with the peak it sampled (NVML) beside the peak the plan predicted. Read by
 `plan`: it starts from the remembered micro-batch (and says so) instead of OOMing again, and
 scales its predictions by ``correction_from`` the observation.
+
+``$FTLAUNCH_HOME/learned.json`` is state like the others: versioned (``Learned``: a file of another
+version is refused, StateVersionError, and never overwritten; keys this version does not know are
+written back as they were), replaced atomically, and each read-modify-write holds an flock
+(``locks.held``), so that runs finishing together lose no entry. A file without a version is the
+layout ftlaunch wrote before: read, and versioned at the next write.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ftlaunch.errors import StateError, StateVersionError
 from ftlaunch.files import home, now_iso, write_json_atomic
+from ftlaunch.locks import held
+
+LEARNED_VERSION = 1
 
 # Keys that the planner itself decides: leaving them out makes the hash stable across plans.
 _PLANNED = {
@@ -38,31 +49,119 @@ def config_key(values: Mapping[str, Any], gpu_model: str, global_batch: int) -> 
     return f"{digest}:{gpu_model}"
 
 
-def _path(env: Mapping[str, str]) -> Path:
-    return home(env) / "learned.json"
+@dataclass(frozen=True)
+class Learned:
+    """learned.json as a value: what worked, per config key, and the top-level keys of another
+    minor version (``extra``), kept as they were."""
+
+    entries: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "learned.json") -> Learned:
+        """Refuses (StateVersionError) a version it does not know; a file without one is the layout
+        of before (entries at the top level)."""
+        if not isinstance(data, dict):
+            raise StateError(f"{where} does not hold an object", hint=_HINT)
+        if "version" not in data:
+            entries = {k: v for k, v in data.items() if isinstance(v, dict)}
+            return cls(entries, {k: v for k, v in data.items() if k not in entries})
+        if data["version"] != LEARNED_VERSION:
+            raise StateVersionError(
+                f"{where} has version {data['version']!r}, this ftlaunch reads version {LEARNED_VERSION}",
+                hint=f"use the ftlaunch version that wrote it; or {_HINT}",
+            )
+        entries = data.get("entries", {})
+        if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
+            raise StateError(f"{where}: 'entries' is not an object of objects", hint=_HINT)
+        return cls(entries, {k: v for k, v in data.items() if k not in ("version", "entries")})
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.extra, "version": LEARNED_VERSION, "entries": dict(self.entries)}
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        entry = self.entries.get(key)
+        return None if entry is None else dict(entry)
+
+    def with_entry(self, key: str, entry: Mapping[str, Any]) -> Learned:
+        return Learned({**self.entries, key: dict(entry)}, self.extra)
 
 
-def _load(env: Mapping[str, str]) -> dict[str, Any]:
-    try:
-        data = json.loads(_path(env).read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, json.JSONDecodeError):
-        return {}
+_HINT = "move it aside: it only holds what worked before, and plans start afresh without it"
 
 
-def remember(env: Mapping[str, str], key: str, values: Mapping[str, Any], reason: str) -> None:
-    data = _load(env)
-    observed = (data.get(key) or {}).get("observed")
-    data[key] = {
+def remembered(old: Mapping[str, Any] | None, values: Mapping[str, Any], reason: str, at: str) -> dict[str, Any]:
+    """Pure: an entry once a run settled on these values (its observation and unknown keys kept)."""
+    return {
+        **(old or {}),
         "micro_batch": values.get("per_device_train_batch_size"),
         "gradient_accumulation_steps": values.get("gradient_accumulation_steps"),
         "disable_gradient_checkpointing": values.get("disable_gradient_checkpointing"),
         "learned_from": reason,
-        "at": now_iso(),
+        "at": at,
     }
-    if observed:
-        data[key]["observed"] = observed
-    write_json_atomic(_path(env), data)
+
+
+def with_observation(
+    old: Mapping[str, Any] | None, observed_peak_gib: float, predicted_peak_gib: float, micro_batch: int, at: str
+) -> dict[str, Any] | None:
+    """Pure: the entry with this observation, or None when it already holds a larger one for this
+    micro-batch (a short run may not have met its longest batch)."""
+    prev = (old or {}).get("observed") or {}
+    if prev.get("micro_batch") == micro_batch and float(prev.get("observed_peak_gib", 0)) >= observed_peak_gib:
+        return None
+    return {
+        **(old or {}),
+        "observed": {
+            "observed_peak_gib": round(observed_peak_gib, 3),
+            "predicted_peak_gib": round(predicted_peak_gib, 3),
+            "micro_batch": micro_batch,
+            "at": at,
+        },
+    }
+
+
+# ---------------------------------------------------------------- the file
+
+
+def _path(env: Mapping[str, str]) -> Path:
+    return home(env) / "learned.json"
+
+
+def _lock(env: Mapping[str, str]) -> Path:
+    return home(env) / "locks" / "learned.json.lock"
+
+
+def load(env: Mapping[str, str]) -> Learned:
+    """learned.json as it is (empty when there is none). Raises StateError when it is unreadable,
+    StateVersionError when it is of another version."""
+    path = _path(env)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return Learned()
+    except OSError as exc:
+        raise StateError(f"{path} is unreadable ({exc.strerror or exc})", hint=_HINT) from None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # a bad byte is a UnicodeDecodeError, a ValueError too
+        raise StateError(f"{path} is not JSON ({exc})", hint=_HINT) from None
+    return Learned.from_json(data, where=str(path))
+
+
+def _update(env: Mapping[str, str], key: str, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]) -> None:
+    """One read-modify-write of one entry under the flock; ``change`` returns None for no write."""
+    lock = _lock(env)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with held(lock):
+        learned = load(env)  # refused before anything is written
+        entry = change(learned.get(key))
+        if entry is not None:
+            write_json_atomic(_path(env), learned.with_entry(key, entry).to_json())
+
+
+def remember(env: Mapping[str, str], key: str, values: Mapping[str, Any], reason: str) -> None:
+    _update(env, key, lambda old: remembered(old, values, reason, now_iso()))
 
 
 def remember_observed(
@@ -71,18 +170,7 @@ def remember_observed(
     """Record the GPU memory a run was seen to use (the largest NVML sample of its processes) beside
     what its plan predicted, for later plans of the same config on the same card. Keeps the
     largest observation for a micro-batch: a short run may not have met its longest batch."""
-    data = _load(env)
-    entry = data.setdefault(key, {})
-    old = entry.get("observed") or {}
-    if old.get("micro_batch") == micro_batch and float(old.get("observed_peak_gib", 0)) >= observed_peak_gib:
-        return
-    entry["observed"] = {
-        "observed_peak_gib": round(observed_peak_gib, 3),
-        "predicted_peak_gib": round(predicted_peak_gib, 3),
-        "micro_batch": micro_batch,
-        "at": now_iso(),
-    }
-    write_json_atomic(_path(env), data)
+    _update(env, key, lambda old: with_observation(old, observed_peak_gib, predicted_peak_gib, micro_batch, now_iso()))
 
 
 def correction_from(observed: Mapping[str, Any] | None) -> tuple[float, str | None]:
@@ -107,4 +195,6 @@ def correction_from(observed: Mapping[str, Any] | None) -> tuple[float, str | No
 
 
 def recall(env: Mapping[str, str], key: str) -> dict[str, Any] | None:
-    return _load(env).get(key)
+    """What worked for this key. No lock: the file is replaced atomically, so a reader sees it whole.
+    Raises StateError (exit 12) for a file it cannot read or of another version."""
+    return load(env).get(key)
