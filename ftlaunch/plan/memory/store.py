@@ -138,8 +138,8 @@ def load(env: Mapping[str, str]) -> Learned:
     path = _path(env)
     try:
         raw = path.read_bytes()
-    except FileNotFoundError:
-        return Learned()
+    except (FileNotFoundError, NotADirectoryError):
+        return Learned()  # nothing learned yet (an unusable FTLAUNCH_HOME is for its own check to say)
     except OSError as exc:
         raise StateError(f"{path} is unreadable ({exc.strerror or exc})", hint=_HINT) from None
     try:
