@@ -211,7 +211,7 @@ def _end_orphans(run_dir: Path, env: Mapping[str, str], output_dir: str, state: 
     others = [(d, st) for d, st in runs_of_output_dir(env, output_dir) if d.name != run_dir.name]
     found = live_trainers([(run_dir, state), *others])
     if refused := [t for t in found if t.run_id != run_dir.name or t.verdict is not Liveness.ALIVE]:
-        raise TrainerAlive(output_dir, refused)
+        raise TrainerAlive(f"output_dir {output_dir}", refused)
     for orphan in found:
         if not stop_trainer(orphan, grace=grace):
             raise BusyError(

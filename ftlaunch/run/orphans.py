@@ -129,24 +129,30 @@ def live_trainers(runs: Sequence[tuple[Path, RunState]]) -> list[LiveTrainer]:
     return found
 
 
-def runs_of_output_dir(env: Mapping[str, str], output_dir: str) -> list[tuple[Path, RunState]]:
-    """Every run whose state names this output_dir (compared as absolute paths), oldest first."""
-    want = os.path.abspath(output_dir)
+def runs_where(env: Mapping[str, str], keep: Callable[[RunState], bool]) -> list[tuple[Path, RunState]]:
+    """The runs whose readable state ``keep`` keeps, oldest first, with their states."""
     runs = []
     for run_dir in list_runs(env):
         try:
             st = read_state(run_dir)
         except StateError:
             continue
-        if st.output_dir and os.path.abspath(st.output_dir) == want:
+        if keep(st):
             runs.append((run_dir, st))
     return runs
 
 
-class TrainerAlive(BusyError):
-    """A trainer of this output_dir is alive without its supervisor: no second one starts beside it."""
+def runs_of_output_dir(env: Mapping[str, str], output_dir: str) -> list[tuple[Path, RunState]]:
+    """Every run whose state names this output_dir (compared as absolute paths), oldest first."""
+    want = os.path.abspath(output_dir)
+    return runs_where(env, lambda st: bool(st.output_dir) and os.path.abspath(st.output_dir or "") == want)
 
-    def __init__(self, output_dir: str, found: Sequence[LiveTrainer]):
+
+class TrainerAlive(BusyError):
+    """A trainer of this output_dir (or schedule: ``where``) is alive without its supervisor: no
+    second one starts beside it."""
+
+    def __init__(self, where: str, found: Sequence[LiveTrainer]):
         self.found = tuple(found)
         first = self.found[0]
         lines = "; ".join(t.describe() for t in self.found)
@@ -161,7 +167,7 @@ class TrainerAlive(BusyError):
                 f"from its last checkpoint with `ftlaunch resume {first.run_id}`"
             )
         super().__init__(
-            f"output_dir {output_dir}: {lines}, and its supervisor is gone; no second trainer starts beside it",
+            f"{where}: {lines}, and its supervisor is gone; no second trainer starts beside it",
             hint=hint,
         )
 
@@ -170,7 +176,7 @@ def refuse_if_alive(output_dir: str, runs: Sequence[tuple[Path, RunState]]) -> N
     """Exit 7 (TrainerAlive) when a trainer of these runs of ``output_dir`` is alive. Call it holding
     the output_dir lock, so that no other shell starts one in between."""
     if found := live_trainers(runs):
-        raise TrainerAlive(output_dir, found)
+        raise TrainerAlive(f"output_dir {output_dir}", found)
 
 
 def stop_trainer(trainer: LiveTrainer, grace: float = 30.0) -> bool:

@@ -57,9 +57,23 @@ def run_schedule(
         record_entry(env, name, HistoryEntry.skip(SkipReason.OVERLAP, exc.message))
         raise
     try:
+        _refuse_beside_orphans(env, name)
         return _run_locked(rec, env, echo=echo, poll=poll, clock=clock, notifier=notifier, say=say)
     finally:
         lock.close()
+
+
+def _refuse_beside_orphans(env: Mapping[str, str], name: str) -> None:
+    """Exit 7, recorded as an overlap, while the trainer of an earlier run of this schedule outlives
+    its `schedule run` (killed with it still training): each run has its own version dir, so the
+    output_dir lock alone would let a second trainer start beside it on the same GPUs. Checked
+    holding the schedule's lock."""
+    from ftlaunch.run.orphans import TrainerAlive, live_trainers, runs_where
+
+    if found := live_trainers(runs_where(env, lambda st: st.schedule == name)):
+        exc = TrainerAlive(f"schedule {name}", found)
+        record_entry(env, name, HistoryEntry.skip(SkipReason.OVERLAP, exc.message))
+        raise exc
 
 
 def _run_locked(

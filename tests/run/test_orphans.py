@@ -225,3 +225,31 @@ def test_finding_costs_little(tmp_path):
     for _ in range(5):
         live_trainers([(run_dir, st)])
     assert (time.perf_counter() - t0) / 5 < 0.5
+
+
+def test_schedule_run_never_starts_a_trainer_beside_the_orphan_of_its_last_run(tmp_path):
+    cfg, env = setup(tmp_path, [{"sleep": 60}])
+    r = ftl(env, "schedule", "add", "nightly", str(cfg), "--cron", "0 2 * * *", "--gpu", "A10G", "--print")
+    assert r.returncode == 0, r.stderr
+    first = subprocess.Popen(  # foreground: this process is the run's supervisor
+        [sys.executable, "-m", "ftlaunch", "schedule", "run", "nightly"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        runs = tmp_path / "home" / "runs"
+        run_dir = wait_for(lambda: next(iter(runs.iterdir()), None) if runs.is_dir() else None)
+        orphan = wait_for(lambda: (run_dir / "state.json").exists() and state(run_dir).get("trainer_pid"))
+        wait_for(lambda: "fake trainer attempt 1" in (run_dir / "train.log").read_text())
+        first.kill()  # kill -9 of `schedule run`, its trainer training on
+        first.wait()
+        r = ftl(env, "schedule", "run", "nightly")  # a new version dir: the output_dir lock is free
+        refused(r, run_dir, orphan)
+        assert trainers(tmp_path) == [orphan] and len(list(runs.iterdir())) == 1
+        history = json.loads((tmp_path / "home" / "schedules" / "nightly.json").read_text())["history"]
+        assert history[-1]["status"] == "skipped" and history[-1]["reason"] == "overlap"
+        assert stop(run_dir, env).returncode == 0 and trainers(tmp_path) == []
+    finally:
+        first.kill()
+        first.wait()
