@@ -80,13 +80,13 @@ def test_a_real_run_with_evaluation_and_saves_is_never_stalled(tiny, tmp_path):
         "per_device_eval_batch_size": 1,
     }
     cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, out, **over))
-    # 5 s of no progress would stall a step (0.1 s here); the saves and evaluations get longer allowances
+    # 10 s of no progress would stall a step (0.1 s here); the saves and evaluations get longer allowances
     r = ftl(
-        "train", str(cfg), "--gpu", "none", "--stall-timeout", "5", "--foreground", env=slow_env("0.1"), timeout=300
+        "train", str(cfg), "--gpu", "none", "--stall-timeout", "10", "--foreground", env=slow_env("0.1"), timeout=300
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = next((Path(os.environ.get("FTLAUNCH_HOME", "")) / "runs").iterdir())
     assert not [e for e in events(run_dir) if e["event"] == "stalled"]
     st = json.loads((run_dir / "state.json").read_text())
-    assert st["status"] == "succeeded" and st["stall"]["timeout_s"] == 5.0
-    assert st["stall"]["longest_step_gap_s"] < 5.0
+    assert st["status"] == "succeeded" and st["stall"]["timeout_s"] == 10.0
+    assert st["stall"]["longest_step_gap_s"] < 10.0

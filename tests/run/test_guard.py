@@ -241,3 +241,16 @@ def test_a_run_that_stalls_every_time_ends_stalled_with_its_code(tmp_path):
     st = read_state(run_dir)
     assert (code, st.status, st.failure_kind) == (15, RunStatus.STALLED, FailureKind.STALLED)
     assert len(_events(run_dir, "stalled")) == 2 and "stalled 2 times" in st.message
+
+
+def test_a_requeued_slurm_job_of_a_run_the_brake_ended_stays_down(tmp_path, monkeypatch):
+    from ftlaunch.run.slurm import job
+
+    run_dir, env = make_run(tmp_path, [{"ok": True}])
+    update_state(run_dir, status=RunStatus.NO_PROGRESS, message="3 attempts in a row ended without a new checkpoint")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert job.main([str(run_dir)], poll=0.01) == 16
+    assert not (tmp_path / "counter").exists()  # no trainer, no supervisor started
+    assert [e["status"] for e in read_events(run_dir) if e["event"] == "slurm_not_resumed"] == ["no_progress"]
