@@ -150,6 +150,12 @@ class RunJournal:
         update_state(self.run_dir, stall=dict(stall))
 
     @_best_effort
+    def gpu_waited(self, message: str, waited_s: float, released: bool) -> None:
+        """Clean restarts: how long the next attempt waited for the old trainer's GPU memory."""
+        append_event(self.run_dir, "gpu_wait", message=message, waited_s=waited_s, released=released)
+        self.say(f"ftlaunch: {message}")
+
+    @_best_effort
     def observed_peak(self, gib: float) -> None:
         update_state(self.run_dir, observed_peak_gib=round(gib, 3))
 

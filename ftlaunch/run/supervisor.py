@@ -31,6 +31,7 @@ from ftlaunch.plan.memory.store import remember, remember_observed
 from ftlaunch.plan.offload import materialize
 from ftlaunch.run import progress as prog
 from ftlaunch.run.checkpoints import CheckpointWatch, set_aside_incomplete
+from ftlaunch.run.gpuwait import GpuWait, nvml_probes, wait_gpu_released
 from ftlaunch.run.health import Response
 from ftlaunch.run.journal import RunJournal
 from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
@@ -72,6 +73,10 @@ class Supervisor:
         sample_every: float = 5.0,
         stall_policy: StallPolicy | None = None,
         stack_dumper: Callable[[int, Path], StackDump] | None = None,
+        gpu_wait: Callable[..., GpuWait] = wait_gpu_released,
+        gpu_probes: Callable[
+            [set[int], str | None], tuple[Callable[[], bool], Callable[[], float | None]]
+        ] = nvml_probes,
     ):
         self.run_dir = run_dir
         self.env = dict(env)
@@ -96,6 +101,12 @@ class Supervisor:
         self.stack_dumper = stack_dumper or self._dump_stacks
         # What the output pump saw, for the watchdog: (clock, save or eval mark or "") per chunk.
         self._console: deque[tuple[float, str]] = deque(maxlen=10000)
+        # Clean restarts on a GPU (ftlaunch.run.gpuwait): the memory in use before the first attempt,
+        # and the processes of the last trainer, waited for before the next attempt starts.
+        self.gpu_wait = gpu_wait
+        self.gpu_probes = gpu_probes
+        self.gpu_baseline_mib: float | None = None
+        self._trainer_pids: set[int] = set()
 
     @property
     def echo(self) -> bool:
@@ -155,7 +166,14 @@ class Supervisor:
         weights_only = bool(values.get("save_only_model"))
         self.watch = HealthWatch(self.run_dir, values, self.env, self.journal.say)
         out = Path(output_dir)
+        visible = {**self.env, **extra_env}.get("CUDA_VISIBLE_DEVICES")
+        if state.gpu_count:
+            self.gpu_baseline_mib = self.gpu_probes(set(), visible)[1]()
+        started_here = False
         while True:
+            if started_here and state.gpu_count:
+                self._wait_for_gpu(visible)
+            started_here = True
             if self.stop_signal is not None:  # stopped before (or between) attempts: start nothing
                 stopped = Exit(FailureKind.STOPPED, "stopped by the user")
                 return self._finish(
@@ -245,6 +263,14 @@ class Supervisor:
         self.journal.say(f"ftlaunch: run {self.run_dir.name} {status.value}: {message}")
         return code
 
+    def _wait_for_gpu(self, visible: str | None) -> None:
+        """Before the next attempt: the old trainer's processes gone from NVML, the memory back near
+        the start figure (bounded); how long it took is said in train.log and the events."""
+        gone, used = self.gpu_probes(set(self._trainer_pids), visible)
+        w = self.gpu_wait(gone, used, self.gpu_baseline_mib)
+        if not w.skipped:
+            self.journal.gpu_waited(w.message, round(w.waited_s, 2), w.released)
+
     def _sample_gpu(self, pid: int) -> None:
         """Keep the largest GPU memory the trainer's process tree was seen to use (per GPU)."""
         try:
@@ -253,6 +279,7 @@ class Supervisor:
             pids = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
         except Exception:
             pids = {pid}
+        self._trainer_pids |= pids
         used = self.gpu_sampler(pids)
         if used is not None and (self.observed_peak is None or used > self.observed_peak):
             self.observed_peak = used
@@ -290,6 +317,7 @@ class Supervisor:
             self.journal.say(f"ftlaunch: cannot start the trainer: {exc}")
             return 127, f"FileNotFoundError: cannot start the trainer: {exc}", checkpoints, None, None
         self.journal.trainer_started(trainer.pid, start_time(trainer.pid))
+        self._trainer_pids = {trainer.pid}
         self._console.clear()
         dog = Watchdog.begin(self._policy(state), self.clock(), earlier=dict(state.stall or {}))
         pump = threading.Thread(target=self._pump, args=(trainer.stdout, log_path), daemon=True)

@@ -254,3 +254,23 @@ def test_a_requeued_slurm_job_of_a_run_the_brake_ended_stays_down(tmp_path, monk
     assert job.main([str(run_dir)], poll=0.01) == 16
     assert not (tmp_path / "counter").exists()  # no trainer, no supervisor started
     assert [e["status"] for e in read_events(run_dir) if e["event"] == "slurm_not_resumed"] == ["no_progress"]
+
+
+def test_the_next_attempt_waits_until_the_old_trainers_gpu_memory_is_released(tmp_path):
+    import functools
+
+    from ftlaunch.run.gpuwait import wait_gpu_released
+
+    run_dir, env = make_run(tmp_path, [{"crash": "boom"}, {"ok": True}])  # planned for one A10G
+    readings = iter([300.0, 9000.0, 9000.0, 310.0])  # before the first attempt, then while the old one frees
+    asked: list[set[int]] = []
+
+    def probes(pids, visible):
+        asked.append(set(pids))
+        return (lambda: True), (lambda: next(readings, 310.0))
+
+    wait = functools.partial(wait_gpu_released, poll_s=0.01, bound_s=5.0)
+    assert Supervisor(run_dir, env, poll=0.05, gpu_probes=probes, gpu_wait=wait).run() == 0
+    waits = [e for e in read_events(run_dir) if e["event"] == "gpu_wait"]
+    assert len(waits) == 1 and waits[0]["released"] is True and "310 MiB in use, 300 MiB before" in waits[0]["message"]
+    assert asked[0] == set() and len(asked[1]) >= 1  # the baseline, then the first attempt's trainer
