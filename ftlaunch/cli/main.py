@@ -23,7 +23,7 @@ from ftlaunch.cli.plot import plot_cmd
 from ftlaunch.cli.render import err_console
 from ftlaunch.cli.run_cmds import logs, resume, runs, status, stop, train
 from ftlaunch.cli.schedule import schedule_group
-from ftlaunch.errors import DoesNotFitError, FtlaunchError
+from ftlaunch.errors import DoesNotFitError, FtlaunchError, StateError
 
 PASSTHROUGH = ("api", "chat", "eval", "export", "webchat", "webui", "version")
 
@@ -37,14 +37,27 @@ class FtlaunchGroup(click.Group):
         except FtlaunchError as exc:
             if os.environ.get("FTLAUNCH_DEBUG") == "1":
                 raise
-            err_console.print(f"[red]error:[/red] {escape(exc.message)}", highlight=False, markup=True)
-            if isinstance(exc, DoesNotFitError) and exc.alternatives:
-                from ftlaunch.plan.render import alternatives_table
+            _report(ctx, exc)
+        except OSError as exc:  # FTLAUNCH_HOME full, read-only or not ours: exit 12, not a traceback
+            from ftlaunch.files import home
+            from ftlaunch.run.disk import HOME_HINT, home_write_problem
 
-                err_console.print(alternatives_table(exc.alternatives))
-            if exc.hint:
-                err_console.print(f"hint: {exc.hint}", highlight=False, markup=False)
-            ctx.exit(int(exc.exit_code))
+            problem = home_write_problem(exc, home(env_now()))
+            if problem is None or os.environ.get("FTLAUNCH_DEBUG") == "1":
+                raise
+            _report(ctx, StateError(problem, hint=HOME_HINT))
+
+
+def _report(ctx: click.Context, exc: FtlaunchError) -> None:
+    """Print an error's message and hint, and exit with its code."""
+    err_console.print(f"[red]error:[/red] {escape(exc.message)}", highlight=False, markup=True)
+    if isinstance(exc, DoesNotFitError) and exc.alternatives:
+        from ftlaunch.plan.render import alternatives_table
+
+        err_console.print(alternatives_table(exc.alternatives))
+    if exc.hint:
+        err_console.print(f"hint: {exc.hint}", highlight=False, markup=False)
+    ctx.exit(int(exc.exit_code))
 
 
 @click.group(cls=FtlaunchGroup, context_settings={"help_option_names": ["-h", "--help"]})
