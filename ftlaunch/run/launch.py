@@ -241,12 +241,15 @@ def start_run(
 
     ``settings``: `RunOptions.supervisor_settings()`; ``check(plan)`` may refuse a plan before anything
     is written; ``on_created(run_dir, plan)`` runs once the run exists, before it starts."""
+    from ftlaunch.run.disk import disk_check
     from ftlaunch.run.prepare import make_plan
 
     loaded, p = make_plan(request, env)
     if check is not None:
         check(p)
     find_trainer(env)  # fail now, in the user's shell, rather than in the background
+    # Refused (exit 17) when one checkpoint cannot fit; a warning when the run will fill the disk.
+    extra_state = {**dict(extra_state or {}), **disk_check(p, request.params, request.model_config, say)}
     p = simulate_if_tight(p, simulate, request.model_config, say)
     # Holds the output_dir's lock from here on, handed to the supervisor: exit 7 if it is taken.
     run_dir, lock = new_run(loaded, p, env, existing=existing, extra_state=extra_state, **settings)
