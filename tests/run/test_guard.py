@@ -274,3 +274,53 @@ def test_the_next_attempt_waits_until_the_old_trainers_gpu_memory_is_released(tm
     waits = [e for e in read_events(run_dir) if e["event"] == "gpu_wait"]
     assert len(waits) == 1 and waits[0]["released"] is True and "310 MiB in use, 300 MiB before" in waits[0]["message"]
     assert asked[0] == set() and len(asked[1]) >= 1  # the baseline, then the first attempt's trainer
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    import subprocess
+
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode == 0
+
+
+def test_a_full_ftlaunch_home_does_not_kill_the_trainer_and_is_said_once_it_has_room(tmp_path):
+    import os
+    import subprocess
+    import threading
+
+    import pytest
+
+    home = tmp_path / "home"
+    if not _mount_tmpfs(home, "2m"):
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        script = [{"train": True, "steps": 40, "save_steps": 100, "step_sleep": 0.05}]
+        run_dir, env = make_run(tmp_path, script)
+        assert str(run_dir).startswith(str(home))
+        filler = home / "filler"
+
+        def fill_then_free():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (tmp_path / "out" / "trainer_log.jsonl").exists():
+                time.sleep(0.02)
+            with open(filler, "wb") as f:  # fill every block left
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+            time.sleep(1.0)
+            os.unlink(filler)
+
+        t = threading.Thread(target=fill_then_free)
+        t.start()
+        code = Supervisor(run_dir, env, poll=0.05).run()
+        t.join()
+        st = read_state(run_dir)
+        assert code == 0 and st.status is RunStatus.SUCCEEDED and (st.progress or {}).get("step") == 40
+        log = (run_dir / "train.log").read_text()
+        assert "could not be written while its folder refused writes" in log
+        assert "the trainer kept running" in log
+    finally:
+        subprocess.run(["umount", "-l", str(home)])
