@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ftlaunch.errors import ConfigError, HardwareError
+from ftlaunch.errors import ConfigError, HardwareError, StateError
 from ftlaunch.hub.model import Prefetch, prefetch_model, with_prefetch
 from ftlaunch.hub.repo import is_repo_id
 from ftlaunch.plan.config import (
@@ -114,7 +114,11 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     # What worked on this card before: the micro-batch a recovered run settled on (the most the
     # chooser may take) and the GPU memory a run was seen to use (the chooser's correction).
     target = global_batch_for(values, hw.world_size, options, loaded.meta).target
-    learned = recall(env, config_key(loaded.values, hw.gpu_model, target)) or {}
+    try:
+        learned = recall(env, config_key(loaded.values, hw.gpu_model, target)) or {}
+    except StateError as exc:  # another version's or a torn learned.json: plan without it, say so
+        learned = {}
+        warnings.append(f"what worked on this card before was not used: {exc.message}")
     if learned.get("micro_batch"):
         options = replace(
             options,

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import yaml
 
-from ftlaunch.errors import ExitCode, FtlaunchError
+from ftlaunch.errors import ExitCode, FtlaunchError, StateError
 from ftlaunch.files import write_text_atomic
 from ftlaunch.plan.config import dump_yaml, read_header
 from ftlaunch.plan.hardware import gpu_peak_of
@@ -34,6 +34,7 @@ from ftlaunch.run.checkpoints import CheckpointWatch, set_aside_incomplete
 from ftlaunch.run.gpuwait import GpuWait, nvml_probes, wait_gpu_released
 from ftlaunch.run.health import Response
 from ftlaunch.run.journal import RunJournal
+from ftlaunch.run.orphans import refuse_if_alive, runs_of_output_dir
 from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
 from ftlaunch.run.procs import GroupStop, signal_group, start_time
 from ftlaunch.run.recovery import Action, Exit, classify, decide
@@ -152,6 +153,12 @@ class Supervisor:
             if exc.holder != self.run_dir.name:
                 self.journal.busy(str(exc))
             raise
+        if self.lock is None:  # started on its own (a Slurm job's first step): no orphan trainer beside it
+            try:
+                refuse_if_alive(output_dir, runs_of_output_dir(self.env, output_dir))
+            except FtlaunchError:
+                lock.close()
+                raise
         self.journal.supervising(os.getpid(), start_time(os.getpid()))
         try:
             return self._loop(values, header, output_dir)
@@ -250,6 +257,15 @@ class Supervisor:
         if state is None:  # the run folder refuses writes: the end is said on stderr (supervisor.log)
             print(f"ftlaunch supervisor: run {self.run_dir.name} {status.value}: {message}", file=sys.stderr)
             return code
+        try:
+            self._learn(status, state, values)
+        except (StateError, OSError) as exc:  # learned.json of another version, torn, or a full home
+            self.journal.say(f"ftlaunch: what this run learned about the card was not kept: {exc}")
+        self.journal.say(f"ftlaunch: run {self.run_dir.name} {status.value}: {message}")
+        return code
+
+    def _learn(self, status: RunStatus, state: Any, values: dict) -> None:
+        """What worked on this card (learned.json): a recovered micro-batch, the memory really used."""
         if status is RunStatus.SUCCEEDED and state.memory_key and state.recovered_batch:
             remember(self.env, state.memory_key, values, reason=f"run {self.run_dir.name}")
         if state.memory_key and state.observed_peak_gib and state.predicted_peak_gib:
@@ -260,8 +276,6 @@ class Supervisor:
                 predicted_peak_gib=float(state.predicted_peak_gib),
                 micro_batch=int(values.get("per_device_train_batch_size") or 1),
             )
-        self.journal.say(f"ftlaunch: run {self.run_dir.name} {status.value}: {message}")
-        return code
 
     def _wait_for_gpu(self, visible: str | None) -> None:
         """Before the next attempt: the old trainer's processes gone from NVML, the memory back near

@@ -55,6 +55,7 @@ def test_two_processes_remembering_at_once_lose_no_entry(isolated_home):
 
 def test_a_file_of_another_version_is_refused_and_left_byte_identical(isolated_home):
     env = {"FTLAUNCH_HOME": str(isolated_home)}
+    isolated_home.mkdir(parents=True, exist_ok=True)
     path = isolated_home / "learned.json"
     isolated_home.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b'{"version": 2, "entries": {"k:A10G": {"micro_batch": 2, "new": true}}}\n')
@@ -118,3 +119,20 @@ def test_the_entry_updates_are_pure():
     assert with_observation(old, 9.0, 6.0, 2, "T")["observed"]["observed_peak_gib"] == 9.0
     assert with_observation(old, 3.0, 6.0, 1, "T")["observed"]["micro_batch"] == 1
     assert Learned().with_entry("k", {"a": 1}).to_json() == {"version": LEARNED_VERSION, "entries": {"k": {"a": 1}}}
+
+
+def test_planning_goes_on_without_a_learned_json_of_another_version_and_says_so(isolated_home, tmp_path):
+    from click.testing import CliRunner
+
+    from ftlaunch.cli.main import main as cli
+
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    path = isolated_home / "learned.json"
+    path.write_text(json.dumps({"version": LEARNED_VERSION + 1, "entries": {}}))
+    before = path.read_bytes()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"stage: sft\ndo_train: true\noutput_dir: {tmp_path / 'out'}\nper_device_train_batch_size: 2\n")
+    r = CliRunner().invoke(cli, ["plan", str(cfg), "--gpu", "A10G", "--params", "1B"])
+    assert r.exit_code == 0, r.output
+    assert "was not used" in r.output and "learned.json" in r.output
+    assert path.read_bytes() == before
