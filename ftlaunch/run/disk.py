@@ -194,25 +194,31 @@ def model_files_bytes(model_dir: Any) -> int | None:
     return sum((Path(model_dir) / n).stat().st_size for n in MODEL_FILES if (Path(model_dir) / n).is_file())
 
 
-_ROW_FILES_MAX = 512 * 2**20  # larger files are not read at start: the run's length stays unknown
+# Larger files are not read at start (the run's length then stays unknown): a JSON list is parsed
+# whole, JSON Lines and CSV are only counted line by line.
+_JSON_MAX_BYTES = 64 * 2**20
+_LINES_MAX_BYTES = 2 * 2**30
 
 
 def _file_rows(path: Path) -> int | None:
     """Rows of a local JSON list, JSON Lines or CSV file; None for anything else (or too big)."""
-    if not path.is_file() or path.stat().st_size > _ROW_FILES_MAX:
+    if not path.is_file():
         return None
-    suffix = path.suffix.lower()
-    if suffix == ".json":
+    suffix, size = path.suffix.lower(), path.stat().st_size
+    if suffix == ".json" and size <= _JSON_MAX_BYTES:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         return len(data) if isinstance(data, list) else None
-    if suffix in (".jsonl", ".csv"):
+    if suffix in (".jsonl", ".csv") and size <= _LINES_MAX_BYTES:
         with path.open("rb") as f:
             n = sum(1 for line in f if line.strip())
         return n - 1 if suffix == ".csv" else n
     return None
+
+
+_REMOTE = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
 
 
 def dataset_rows(values: Mapping[str, Any]) -> int | None:
@@ -234,7 +240,7 @@ def dataset_rows(values: Mapping[str, Any]) -> int | None:
     total = 0
     for name in items:
         entry = info.get(name) if isinstance(info, dict) else None
-        if not isinstance(entry, dict) or not entry.get("file_name") or entry.get("hf_hub_url"):
+        if not isinstance(entry, dict) or not entry.get("file_name") or any(entry.get(k) for k in _REMOTE):
             return None
         rows = _file_rows(dataset_dir / str(entry["file_name"]))
         if rows is None:

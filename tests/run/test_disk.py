@@ -128,3 +128,20 @@ def test_home_write_problem_ignores_other_paths_and_other_errors(tmp_path):
     assert disk.home_write_problem(FileNotFoundError(errno.ENOENT, "nope", str(home / "x")), home) is None
     # no file name (a flush) and a home with room and write access: not blamed on it
     assert disk.home_write_problem(OSError(errno.ENOSPC, "No space left on device"), home) is None
+
+
+# ------------------------------------------------------------------------------------- dataset rows
+
+
+def test_dataset_rows_of_local_files_capped_and_split(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps([{"instruction": str(i)} for i in range(100)]))
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"i": i}) + "\n" for i in range(30)))
+    info = {"a": {"file_name": "a.json"}, "b": {"file_name": "b.jsonl"}, "hub": {"hf_hub_url": "org/ds"}}
+    (tmp_path / "dataset_info.json").write_text(json.dumps(info))
+    base = {"dataset_dir": str(tmp_path)}
+    assert disk.dataset_rows({**base, "dataset": "a,b"}) == 130
+    assert disk.dataset_rows({**base, "dataset": "a, b", "max_samples": 50}) == 80  # per dataset
+    assert disk.dataset_rows({**base, "dataset": "a", "val_size": 0.1}) == 90
+    assert disk.dataset_rows({**base, "dataset": "a,hub"}) is None  # remote: unknown before the run
+    assert disk.dataset_rows({**base, "dataset": "a", "packing": True}) is None
+    assert disk.dataset_rows({**base, "dataset": "missing"}) is None
