@@ -45,6 +45,9 @@ _CONFIG_TYPES = (
     "RevisionNotFoundError",
     "IsADirectoryError",
     "NotADirectoryError",
+    # A package the config needs is not installed (deepspeed, bitsandbytes, ...): the same every time.
+    "ModuleNotFoundError",
+    "ImportError",
 )
 _CONFIG_MESSAGES = re.compile(
     r"(not used by the HfArgumentParser|FORCE_TORCHRUN|doesn't support bf16|does not support pure_bf16|"
@@ -105,6 +108,20 @@ def classify(returncode: int, log: str, *, stop_requested: bool = False) -> Exit
         return Exit(FailureKind.CRASH, f"exit code {returncode}: {_line_of(log, last.start())}", {"exception": etype})
     tail = [ln for ln in log.strip().splitlines() if ln.strip()][-1:] or [""]
     return Exit(FailureKind.CRASH, f"exit code {returncode}: {tail[0].strip()[:300]}")
+
+
+def without_steps(ex: Exit, stepped: bool) -> Exit:
+    """A trainer that exits 0 having run no optimizer step in any attempt and saved no checkpoint did
+    not train: an empty dataset after max_samples/cutoff, do_train off, a predict-only config. It is a
+    config error (the same every time), never `succeeded`."""
+    if ex.kind is not None or stepped:
+        return ex
+    return Exit(
+        FailureKind.CONFIG,
+        "the trainer exited 0 without a single optimizer step: nothing was trained (is the dataset empty "
+        "after max_samples and cutoff_len, or do_train off?)",
+        {"exception": "NoSteps"},
+    )
 
 
 # ---------------------------------------------------------------- what to do next

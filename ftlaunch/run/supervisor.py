@@ -37,7 +37,7 @@ from ftlaunch.run.journal import RunJournal
 from ftlaunch.run.orphans import refuse_if_alive, runs_of_output_dir
 from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
 from ftlaunch.run.procs import GroupStop, signal_group, start_time
-from ftlaunch.run.recovery import Action, Exit, classify, decide
+from ftlaunch.run.recovery import Action, Exit, classify, decide, without_steps
 from ftlaunch.run.rollback import HealthWatch
 from ftlaunch.run.stacks import StackDump, dump_stacks, find_py_spy
 from ftlaunch.run.stall import EVAL_MARK, SAVE_MARK, StallPolicy, Watchdog
@@ -210,6 +210,11 @@ class Supervisor:
                 ex = Exit(FailureKind.STALLED, stalled)
             else:
                 ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
+                earlier = read_state(self.run_dir)
+                stepped = (
+                    step is not None or bool((earlier.progress or {}).get("step")) or bool(earlier.best_checkpoint)
+                )
+                ex = without_steps(ex, stepped or prog.last_complete_checkpoint(out, weights_only) is not None)
             if ex.kind is FailureKind.HOST_OOM:
                 ex = with_kernel_evidence(ex, read_state(self.run_dir).trainer_pid, self.read_kernel_log)
             self.journal.exited(attempt, rc, ex, step)

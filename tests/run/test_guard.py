@@ -324,3 +324,18 @@ def test_a_full_ftlaunch_home_does_not_kill_the_trainer_and_is_said_once_it_has_
         assert "the trainer kept running" in log
     finally:
         subprocess.run(["umount", "-l", str(home)])
+
+
+def test_a_trainer_that_exits_0_without_a_step_did_not_succeed(tmp_path):
+    run_dir, env = make_run(tmp_path, [{"ok": True, "steps": 0}])
+    assert Supervisor(run_dir, env, poll=0.05).run() == 1
+    st = read_state(run_dir)
+    assert (st.status, st.failure_kind) == (RunStatus.FAILED, FailureKind.CONFIG)
+    assert "without a single optimizer step" in st.message and len(configs_seen(tmp_path)) == 1
+
+
+def test_a_missing_package_is_a_config_error_not_a_crash_to_retry():
+    from ftlaunch.run.recovery import classify
+
+    log = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'deepspeed'\n"
+    assert classify(1, log).kind is FailureKind.CONFIG
