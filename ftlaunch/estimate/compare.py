@@ -50,6 +50,29 @@ def price_for(machine: str, gpu_name: str | None, prices: Mapping[str, float]) -
     return None if best is None else best[1]
 
 
+def unmatched_prices(prices: Mapping[str, float], machines: Sequence[tuple[str, str | None]]) -> list[str]:
+    """The cards of ``prices`` that match none of ``machines`` ((asked-for name, GPU name) pairs) by
+    ``price_for``'s rule: a --price that would price nothing, said rather than ignored."""
+    return [
+        card
+        for card in prices
+        if not any(price_for(machine, gpu, {card: prices[card]}) is not None for machine, gpu in machines)
+    ]
+
+
+def check_prices(prices: Mapping[str, float], machines: Sequence[tuple[str, str | None]]) -> None:
+    """Raise a usage error (exit 2) naming each --price card no compared machine has, and the valid ones."""
+    from ftlaunch.errors import ExitCode, FtlaunchError
+
+    if unknown := unmatched_prices(prices, machines):
+        valid = sorted({re.sub(r"x\d+$", "", m) for m, _ in machines if m} | {g for _, g in machines if g})
+        raise FtlaunchError(
+            f"--price {', '.join(unknown)}: no compared machine has that card",
+            hint=f"price one of: {', '.join(valid)} (e.g. --price {valid[0] if valid else 'A100-80GB'}=1.9)",
+            exit_code=ExitCode.USAGE,
+        )
+
+
 @dataclass(frozen=True)
 class MachineRow:
     """One machine of a comparison."""

@@ -95,6 +95,7 @@ def estimate_one(
 
     req = opts.plan_request(config, tuple(overrides), strict=True)
     _, p = make_plan(req, env)
+    compare.check_prices(prices, [(opts.gpu or "", p.hardware.gpu_model if p.hardware.gpus else None)])
     values = dict(p.config)
     stats = count_tokens(values, env, say)
     probe = None
@@ -124,6 +125,12 @@ def compare_machines(
     from ftlaunch.errors import DoesNotFitError
     from ftlaunch.run.prepare import get_hardware, make_plan
 
+    if prices:  # before any planning or counting: a --price naming no compared card is refused
+        named = []
+        for kind, value in machines:
+            hw = get_hardware(replace(base, **{kind: value}).plan_request(config, tuple(overrides), strict=True), env)
+            named.append((value if kind == "gpu" else "", hw.gpu_model if hw.gpus else None))
+        compare.check_prices(prices, named)
     stats = None
     rows = []
     for kind, value in machines:

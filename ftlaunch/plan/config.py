@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -144,7 +145,13 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), cwd: str | Path
             hint="pass the training config first, then key=value overrides",
         )
     try:
-        text = src_abs.read_text()
+        text = src_abs.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:  # llamafactory-cli reads UTF-8 too (OmegaConf.load)
+        bad = exc.object[exc.start : exc.start + 1].hex()
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text: byte 0x{bad} at offset {exc.start} cannot be decoded",
+            hint="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
+        ) from None
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except OSError as exc:
@@ -246,11 +253,39 @@ def validate_keys(values: Mapping[str, Any]) -> list[str]:
 POSITIVE_INT_KEYS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
 
 
+def _number(value: Any) -> float | None:
+    """A config value as the float the trainer would read (``1e-5``, ``"2e-5"``), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
 def validate_values(values: Mapping[str, Any]) -> list[str]:
-    """Values llamafactory would accept but that cannot train: batch sizes, accumulation, length.
+    """Values llamafactory would accept but that cannot train: batch sizes, accumulation, length,
+    the learning rate, the save interval.
 
     Checked before anything starts, so a bad value is named here, not replaced by a default."""
     problems = []
+    if "learning_rate" in values and values["learning_rate"] is not None:
+        lr = values["learning_rate"]
+        number = _number(lr)
+        if number is None or not math.isfinite(number) or number <= 0:
+            problems.append(f"key 'learning_rate' must be a finite number > 0, got {lr!r}")
+    save_steps = values.get("save_steps")
+    if save_steps is not None and str(values.get("save_strategy") or "steps").lower() == "steps":
+        number = _number(save_steps)
+        if number is None or not math.isfinite(number) or number <= 0:
+            problems.append(
+                f"key 'save_steps' must be > 0 with save_strategy 'steps' (a whole number of steps, or a "
+                f"ratio below 1 of the total), got {save_steps!r}"
+            )
     for k in POSITIVE_INT_KEYS:
         v = values.get(k)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -310,6 +345,8 @@ def resolve_paths(
         v = out.get(key)
         if not isinstance(v, str) or not v:
             continue
+        if key == "dataset_dir" and (v == "ONLINE" or v.startswith("REMOTE:")):
+            continue  # llamafactory's markers for hub datasets, not folders
         p = Path(os.path.expanduser(v))
         absolute = p if p.is_absolute() else base_dir / p
         if key in MAYBE_HUB_KEYS:
@@ -337,9 +374,63 @@ def resolve_paths(
             if not info.is_file():
                 msg = f"dataset_dir: {info} does not exist (needed for dataset {out.get('dataset')!r})"
                 (problems if strict else warnings).append(msg)
-            elif "dataset_dir" not in out or out["dataset_dir"] != str(ddir_abs.resolve()):
-                out["dataset_dir"] = str(ddir_abs.resolve())
+            else:
+                if not _saved_tokenized(out, base_dir):
+                    problems += undefined_datasets(out, info)
+                if "dataset_dir" not in out or out["dataset_dir"] != str(ddir_abs.resolve()):
+                    out["dataset_dir"] = str(ddir_abs.resolve())
     return out, problems, warnings
+
+
+def dataset_names(value: Any) -> list[str]:
+    """``dataset`` / ``eval_dataset`` as llamafactory splits it (data_args.py: commas, stripped)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",")]
+    if isinstance(value, (list, tuple)):
+        return [str(item).strip() for item in value]
+    return [str(value)]
+
+
+def _saved_tokenized(values: Mapping[str, Any], base_dir: Path) -> bool:
+    """A saved ``tokenized_path`` is loaded instead of the named datasets (llamafactory data/loader.py)."""
+    tp = values.get("tokenized_path")
+    return isinstance(tp, str) and bool(tp) and (Path(tp) if Path(tp).is_absolute() else base_dir / tp).is_dir()
+
+
+def undefined_datasets(values: Mapping[str, Any], info_path: Path) -> list[str]:
+    """Names in ``dataset`` / ``eval_dataset`` that ``info_path`` (a dataset_info.json) does not define:
+    llamafactory raises "Undefined dataset NAME in dataset_info.json" for each (data/parser.py), once the
+    model has loaded. A hub dataset is named through dataset_dir ONLINE or a dataset_info.json entry
+    with hf_hub_url / ms_hub_url, not by its id here."""
+    try:
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return [f"dataset_dir: {info_path} cannot be read as JSON: {_one_line(exc)}"]
+    if not isinstance(info, dict):
+        return [f"dataset_dir: {info_path} must hold a JSON object of dataset names"]
+    problems = []
+    for key in ("dataset", "eval_dataset"):
+        for name in dataset_names(values.get(key)):
+            if name not in info:
+                close = difflib.get_close_matches(name, [str(k) for k in info], n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(
+                    f"{key}: {name!r} is not defined in {info_path}{hint}; llamafactory would fail with "
+                    f"'Undefined dataset {name} in dataset_info.json' (for a hub dataset id set dataset_dir: ONLINE)"
+                )
+    return problems
+
+
+def training_problems(values: Mapping[str, Any]) -> list[str]:
+    """What stops a config from training at all, for the commands that start a training run."""
+    if "do_train" in values and values["do_train"] is not None and not truthy(values["do_train"]):
+        return [
+            f"key 'do_train' is {values['do_train']!r}: llamafactory would not train (only evaluate or "
+            "predict), and this command starts a training run; set do_train: true"
+        ]
+    return []
 
 
 def load_deepspeed(values: Mapping[str, Any]) -> dict[str, Any] | None:

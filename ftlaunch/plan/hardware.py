@@ -9,6 +9,7 @@ invalid entry; empty means no GPU).
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -170,6 +171,12 @@ def _norm(name: str) -> str:
 def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
     """``V100-32GB``, ``A100-80GBx4``, ``4xA100-80GB`` or ``none`` -> a Hardware value."""
     text = spec.strip()
+    if not text:
+        raise HardwareError(
+            f"--gpu {spec!r} names no card",
+            hint=f"use one of: {', '.join(CATALOG)}, optionally with xN (e.g. A100-80GBx4), or 'none' for the CPU; "
+            "leave --gpu out to probe this machine",
+        )
     if text.lower() in {"none", "cpu"}:
         return Hardware(source="catalog:none", host_ram_gib=host_ram_gib)
     count = 1
@@ -219,8 +226,69 @@ def load_hardware_file(path: str | Path) -> Hardware:
         ) from exc
     if not isinstance(data, dict):
         raise HardwareError(f"hardware file {p} must hold a JSON object")
+    if problems := hardware_file_problems(data):
+        raise HardwareError(
+            f"hardware file {p} is malformed: " + "; ".join(problems),
+            hint="write it with `ftlaunch env --json > hw.json` on the target machine",
+        )
     hw = Hardware.from_dict(data, source=f"file:{p}")
     return hw
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def hardware_file_problems(data: Mapping[str, Any]) -> list[str]:
+    """Every field of a hardware description (``ftlaunch env --json``) that cannot be planned for,
+    named by its path (``gpus[0].total_mib``). Pure."""
+    problems: list[str] = []
+
+    def number(where: str, value: Any, *, minimum: float, strict: bool, whole: bool = False) -> None:
+        if value is None:
+            return
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        kind = "a whole number" if whole else "a number"
+        if not _is_number(value) or (whole and int(value) != value):
+            problems.append(f"{where} must be {kind} {bound}, got {value!r}")
+        elif value < minimum or (strict and value == minimum):
+            problems.append(f"{where} must be {bound}, got {value!r}")
+
+    gpus = data.get("gpus", [])
+    if not isinstance(gpus, list):
+        problems.append(f"gpus must be a list, got {type(gpus).__name__}")
+        gpus = []
+    for i, g in enumerate(gpus):
+        at = f"gpus[{i}]"
+        if not isinstance(g, dict):
+            problems.append(f"{at} must be an object, got {type(g).__name__}")
+            continue
+        for key in ("index", "name", "total_mib"):
+            if g.get(key) is None:
+                problems.append(f"{at}.{key} is missing")
+        if g.get("name") is not None and (not isinstance(g["name"], str) or not g["name"].strip()):
+            problems.append(f"{at}.name must be a card name, got {g['name']!r}")
+        number(f"{at}.index", g.get("index"), minimum=0, strict=False, whole=True)
+        number(f"{at}.total_mib", g.get("total_mib"), minimum=0, strict=True)
+        number(f"{at}.free_mib", g.get("free_mib"), minimum=0, strict=False)
+        cc = g.get("compute_capability")
+        if cc is not None and parse_compute_capability_or_none(cc) is None:
+            problems.append(f'{at}.compute_capability must be like "8.0", got {cc!r}')
+    number("host_ram_gib", data.get("host_ram_gib"), minimum=0, strict=True)
+    number("host_available_gib", data.get("host_available_gib"), minimum=0, strict=False)
+    number("disk_free_gib", data.get("disk_free_gib"), minimum=0, strict=False)
+    number("cpu_count", data.get("cpu_count"), minimum=1, strict=False, whole=True)
+    for key, kind in (("versions", dict), ("notes", list)):
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            problems.append(f"{key} must be a JSON {'object' if kind is dict else 'list'}, got {data[key]!r}")
+    return problems
+
+
+def parse_compute_capability_or_none(value: Any) -> tuple[int, int] | None:
+    try:
+        return parse_compute_capability(value)
+    except (TypeError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------- pure parsers

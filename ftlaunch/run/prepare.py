@@ -19,6 +19,7 @@ from ftlaunch.plan.config import (
     load_config,
     load_deepspeed,
     resolve_paths,
+    training_problems,
 )
 from ftlaunch.plan.hardware import Hardware, catalog_hardware, load_hardware_file, probe
 from ftlaunch.plan.memory.adapt import make_memory_chooser, model_spec_for
@@ -55,7 +56,7 @@ class PlanRequest(PlanSettings):
 def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path = ".") -> Hardware:
     if req.gpu and req.hardware_file:
         raise HardwareError("--gpu and --hardware both given", hint="use one of them")
-    if req.gpu:
+    if req.gpu is not None:  # `--gpu ''` names no card: refused by catalog_hardware, never a probe
         # A what-if for another machine never counts this machine's RAM (memory.adapt.host_ram_for assumes).
         return catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib)
     if req.hardware_file:
@@ -76,6 +77,8 @@ def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path
 def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, Plan]:
     loaded = load_config(req.config, req.overrides, cwd=req.cwd)
     values, problems, warnings = resolve_paths(loaded.values, loaded.base_dir, strict=req.strict_files)
+    # train, schedule add and estimate (strict) size a training run; plan only shows what it would be.
+    (problems if req.strict_files else warnings).extend(training_problems(values))
     ds = None
     if not problems:
         try:
