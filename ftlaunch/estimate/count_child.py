@@ -14,6 +14,26 @@ argv: SPEC_JSON OUT_JSON. SPEC = {"config": {...}}. Runs the calls run_sft/run_p
 import json
 import sys
 
+# Printed before exiting 3 when the tokenizer cannot encode: probe.py turns it into a config error.
+EMPTY_TOKENIZER = "FTLAUNCH_EMPTY_TOKENIZER:"
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog 0123456789."
+
+
+def check_tokenizer(tokenizer, model):
+    """Stop when the tokenizer encodes a plain sentence to nothing (or only to its unknown token):
+    transformers 5 builds such an empty tokenizer from a folder without tokenizer files, and every
+    count made with it would be a few special tokens per sample, reported as exact."""
+    ids = tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if not ids or all(i == unk for i in ids):
+        vocab = len(tokenizer)
+        print(
+            f"{EMPTY_TOKENIZER} the tokenizer of {model} encodes {PROBE_TEXT!r} to {ids} (vocabulary of {vocab}): "
+            "it has no usable vocabulary",
+            flush=True,
+        )
+        sys.exit(3)
+
 
 def main():
     spec = json.load(open(sys.argv[1]))
@@ -32,6 +52,7 @@ def main():
         if data_args.streaming:
             raise ValueError("streaming datasets have no length to count; estimate with streaming: false")
         tm = load_tokenizer(model_args)
+        check_tokenizer(tm["tokenizer"], model_args.model_name_or_path)
         template = get_template_and_fix_tokenizer(tm["tokenizer"], data_args)
         stage = finetuning_args.stage
         ds_stage = {"dpo": "rm"}.get(stage, stage)

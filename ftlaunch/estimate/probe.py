@@ -55,6 +55,45 @@ _MACHINE_KEYS = (
 )
 
 
+# Must match count_child.EMPTY_TOKENIZER (the child is run by path and imports nothing of ftlaunch).
+EMPTY_TOKENIZER = "FTLAUNCH_EMPTY_TOKENIZER:"
+TOKENIZER_HINT = (
+    "copy the tokenizer files of the base model (tokenizer.json, tokenizer_config.json, ...) into the model "
+    "folder, or point model_name_or_path at a folder or hub id that has them"
+)
+# A folder needs one of these (or a *.tiktoken file) to hold a vocabulary: the files transformers'
+# tokenizers load a vocabulary from. tokenizer_config.json / special_tokens_map.json alone hold none.
+VOCAB_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.model",
+    "qwen.tiktoken",
+)
+
+
+def tokenizer_problem(model: Any) -> str | None:
+    """What is missing when ``model`` is a local model folder with no tokenizer vocabulary, else None
+    (a hub id, or a folder the child will load). transformers 5 does not fail on such a folder: it
+    builds an empty tokenizer that encodes every text to nothing."""
+    if not isinstance(model, str) or not model:
+        return None
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return None
+    names = {p.name for p in folder.iterdir()}
+    if names & set(VOCAB_FILES) or any(n.endswith(".tiktoken") for n in names):
+        return None
+    return (
+        f"model_name_or_path: {folder} has no tokenizer files (none of {', '.join(VOCAB_FILES)} or *.tiktoken): "
+        "transformers would build an empty tokenizer that encodes every text to nothing, so no token count "
+        "can be made"
+    )
+
+
 def counting_config(values: Mapping[str, Any], scratch: Path) -> dict[str, Any]:
     """The config the counting child parses: the data-relevant keys as the trainer sees them."""
     cfg = {k: v for k, v in values.items() if k not in _MACHINE_KEYS}
@@ -124,6 +163,8 @@ def count_tokens(
     process under ``workdir`` and return its exact token counts."""
     from ftlaunch.errors import ConfigError, TrainerError
 
+    if problem := tokenizer_problem(config_values.get("model_name_or_path")):
+        raise ConfigError(problem, hint=TOKENIZER_HINT)
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     spec = {"config": counting_config(config_values, work), "raw_cutoff": RAW_CUTOFF, "ignore_index": IGNORE_INDEX}
@@ -144,6 +185,12 @@ def count_tokens(
         raise TrainerError(f"cannot run {cmd[0]}: {exc}", hint="install the train extra") from None
     text = log_path.read_text(errors="replace")
     if rc != 0 or not out_path.is_file():
+        empty = [line for line in text.splitlines() if line.startswith(EMPTY_TOKENIZER)]
+        if empty:
+            raise ConfigError(
+                f"model_name_or_path: {empty[-1][len(EMPTY_TOKENIZER) :].strip()}; no token count can be made",
+                hint=TOKENIZER_HINT,
+            )
         err = _last_error(text)
         if "No module named 'llamafactory'" in text:
             raise TrainerError(f"llamafactory is not importable by {cmd[0]}", hint="pip install 'ftlaunch[train]'")
