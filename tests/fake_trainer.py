@@ -18,7 +18,8 @@ FAKE_TRAINER_SCRIPT is a JSON list, one entry per attempt (the last repeats), ea
   {"train": true, "steps": 20, "save_steps": 4, "crash_after_saves": 1, "hang_at": 7, "step_sleep": 0.05}
                                     train like the real trainer (resume from the last checkpoint-N); crash
                                     after saving that many checkpoints in this attempt; or print step
-                                    hang_at, then hang forever (the stall watchdog's case)
+                                    hang_at, then hang forever (the stall watchdog's case); "enospc_at": k
+                                    writes half of checkpoint-k, then fails as a full disk does
 It counts attempts in FAKE_TRAINER_COUNTER and records each config it was given.
 """
 
@@ -130,6 +131,12 @@ def train(out: Path, step: dict) -> int:
         time.sleep(step.get("step_sleep", 0.0))
         with open(out / "trainer_log.jsonl", "a") as f:
             f.write(json.dumps({"current_steps": i, "total_steps": total, "loss": 1.0 / i}) + "\n")
+        if i == step.get("enospc_at"):  # the save of step i runs out of space half-way
+            ck = out / f"checkpoint-{i}"
+            ck.mkdir(exist_ok=True)
+            (ck / "model.safetensors").write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a":')
+            print("Traceback (most recent call last):\nOSError: [Errno 28] No space left on device", flush=True)
+            return 1
         if i == step.get("hang_at"):
             print(f"step {i}: hanging", flush=True)
             time.sleep(3600)

@@ -150,6 +150,11 @@ class RunJournal:
         update_state(self.run_dir, stall=dict(stall))
 
     @_best_effort
+    def partial_removed(self, names: list[str], freed: int) -> None:
+        """ENOSPC: the partial folder of the failed save is removed (it can never be resumed)."""
+        append_event(self.run_dir, "partial_checkpoint_removed", names=names, bytes=freed)
+
+    @_best_effort
     def gpu_waited(self, message: str, waited_s: float, released: bool) -> None:
         """Clean restarts: how long the next attempt waited for the old trainer's GPU memory."""
         append_event(self.run_dir, "gpu_wait", message=message, waited_s=waited_s, released=released)

@@ -140,9 +140,11 @@ class StepRate:
 
     def __init__(self) -> None:
         self.first: tuple[int, float] | None = None
+        self.rate: float | None = None  # the latest figure
 
     def update(self, first_step: int, last_step: int, now: float) -> float | None:
         if self.first is None:
             self.first = (first_step, now)
         step0, t0 = self.first
-        return (last_step - step0) / (now - t0) if last_step > step0 and now > t0 else None
+        self.rate = (last_step - step0) / (now - t0) if last_step > step0 and now > t0 else None
+        return self.rate

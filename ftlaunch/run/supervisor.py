@@ -26,11 +26,13 @@ import yaml
 from ftlaunch.errors import ExitCode, FtlaunchError, StateError
 from ftlaunch.files import write_text_atomic
 from ftlaunch.plan.config import dump_yaml, read_header
+from ftlaunch.plan.disk import DiskForecast, enough_for_save
 from ftlaunch.plan.hardware import gpu_peak_of
 from ftlaunch.plan.memory.store import remember, remember_observed
 from ftlaunch.plan.offload import materialize
 from ftlaunch.run import progress as prog
 from ftlaunch.run.checkpoints import CheckpointWatch, set_aside_incomplete
+from ftlaunch.run.disk import DISK_HINT, disk_message, enospc_in, enospc_line, free_bytes, remove_partial
 from ftlaunch.run.gpuwait import GpuWait, nvml_probes, wait_gpu_released
 from ftlaunch.run.health import Response
 from ftlaunch.run.journal import RunJournal
@@ -194,7 +196,7 @@ class Supervisor:
             recover_until = int((read_state(self.run_dir).progress or {}).get("step") or 0)
             self.journal.attempt_started(attempt, status, budget, values, last[1].name if last else None, moved)
             self.watch.start()
-            rc, log_text, checkpoints, step, stalled = self._attempt(
+            rc, log_text, checkpoints, step, stalled, disk_full = self._attempt(
                 out, attempt, extra_env, weights_only, recover_until if status is RunStatus.RECOVERING else None
             )
             # Numeric health first: a diverged trainer was halted by us, whatever its exit code says.
@@ -206,8 +208,8 @@ class Supervisor:
             if health is not None:
                 ex = Exit(FailureKind.DIVERGED, health.message)
                 return self._finish(RunStatus.DIVERGED, ex, rc, health.message, values, budget)
-            if stalled is not None and self.stop_signal is None:
-                ex = Exit(FailureKind.STALLED, stalled)
+            if (stalled is not None or disk_full is not None) and self.stop_signal is None:
+                ex = Exit(FailureKind.STALLED, stalled) if stalled is not None else Exit(FailureKind.DISK_FULL, "")
             else:
                 ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
                 earlier = read_state(self.run_dir)
@@ -215,6 +217,12 @@ class Supervisor:
                     step is not None or bool((earlier.progress or {}).get("step")) or bool(earlier.best_checkpoint)
                 )
                 ex = without_steps(ex, stepped or prog.last_complete_checkpoint(out, weights_only) is not None)
+            if disk_full is not None and self.stop_signal is None:
+                ex = Exit(FailureKind.DISK_FULL, disk_full)
+            elif ex.kind in (FailureKind.CRASH, FailureKind.CONFIG) and enospc_in(log_text):
+                ex = Exit(FailureKind.DISK_FULL, f"a save ran out of space: {enospc_line(log_text)}")
+            if ex.kind is FailureKind.DISK_FULL:
+                ex = self._after_disk_full(ex, out, weights_only)
             if ex.kind is FailureKind.HOST_OOM:
                 ex = with_kernel_evidence(ex, read_state(self.run_dir).trainer_pid, self.read_kernel_log)
             self.journal.exited(attempt, rc, ex, step)
@@ -319,9 +327,9 @@ class Supervisor:
 
     def _attempt(
         self, out: Path, attempt: int, extra_env: dict[str, str], weights_only: bool, recover_until: int | None = None
-    ) -> tuple[int, str, CheckpointWatch, int | None, str | None]:
+    ) -> tuple[int, str, CheckpointWatch, int | None, str | None, str | None]:
         """Run one attempt to its end: (exit code, its train.log text, its checkpoints, last step, and
-        why it was stopped as stalled, if it was)."""
+        why it was stopped: as stalled, or before a save the disk cannot hold)."""
         log_path = self.run_dir / "train.log"
         self.journal.attempt_header(attempt)
         console = Tail.from_end(log_path)
@@ -334,7 +342,7 @@ class Supervisor:
         except (FtlaunchError, OSError) as exc:
             self._drop_trainer_config(config_path)
             self.journal.say(f"ftlaunch: cannot start the trainer: {exc}")
-            return 127, f"FileNotFoundError: cannot start the trainer: {exc}", checkpoints, None, None
+            return 127, f"FileNotFoundError: cannot start the trainer: {exc}", checkpoints, None, None, None
         self.journal.trainer_started(trainer.pid, start_time(trainer.pid))
         self._trainer_pids = {trainer.pid}
         self._console.clear()
@@ -345,6 +353,8 @@ class Supervisor:
         rate = prog.StepRate()
         last_step: int | None = None
         stalled: str | None = None
+        disk_full: str | None = None
+        forecast = DiskForecast.from_dict(state.disk) if state.disk else None
         records: list[dict] = []
         next_update = 0.0
         next_watchdog = 0.0
@@ -352,7 +362,12 @@ class Supervisor:
         on_gpu = bool(state.gpu_count)  # the plan's machine: NVML is asked only when it has GPUs
         while True:
             rc = trainer.poll()
-            halt = stalled is not None or self.stop_signal is not None or (self.watch is not None and self.watch.halt)
+            halt = (
+                stalled is not None
+                or disk_full is not None
+                or self.stop_signal is not None
+                or (self.watch is not None and self.watch.halt)
+            )
             if halt and rc is None:
                 first = stop.since is None
                 stop.tick(lambda: self.journal.stopping(self.stop_signal))
@@ -386,6 +401,11 @@ class Supervisor:
                 next_watchdog = self.clock() + 5.0
             if stalled is None and not halt and dog.stalled(self.clock()):
                 stalled = self._on_stall(attempt, trainer.pid, dog)
+                continue  # stop it now, not a poll later
+            if forecast is not None and new and not halt:  # a statvfs per new step record: microseconds
+                disk_full = self._before_save(out, forecast, last_step or 0, rate.rate)
+                if disk_full is not None:
+                    continue
             time.sleep(self.poll)
         if records:  # the last lines may have arrived while updates were throttled
             self.journal.last_progress(prog.latest_progress(records))
@@ -395,7 +415,41 @@ class Supervisor:
         self.journal.watchdog(dog.to_dict(self.clock(), time.time()))
         self._drop_trainer_config(config_path)
         self.trainer = None
-        return rc, console.rest(), checkpoints, last_step, stalled
+        return rc, console.rest(), checkpoints, last_step, stalled, disk_full
+
+    def _before_save(self, out: Path, fc: DiskForecast, step: int, steps_per_second: float | None) -> str | None:
+        """Free space before an expected save: when the next save is close (within ~10 s at the
+        current rate, else the next step) and the filesystem cannot hold one more checkpoint, stop
+        the trainer now rather than let it write a partial one."""
+        nxt = fc.next_save_after(step)
+        if nxt is None or nxt - step > max(1, round((steps_per_second or 0.0) * 10)):
+            return None
+        try:
+            free = free_bytes(out)
+        except OSError:
+            return None
+        if enough_for_save(fc, free):
+            return None
+        why = f"the save at step {nxt} cannot fit: {disk_message(out, fc.checkpoint_bytes, free)}"
+        self.journal.say(f"ftlaunch: {why}; stopping the trainer before it writes a partial checkpoint")
+        return why
+
+    def _after_disk_full(self, ex: Exit, out: Path, weights_only: bool) -> Exit:
+        """ENOSPC (or the check before a save): remove only the partial folder of the failed save (it
+        can never be resumed), keep every complete checkpoint, and say where the space went."""
+        removed = remove_partial(out, weights_only)
+        fc = read_state(self.run_dir).disk
+        size = DiskForecast.from_dict(fc).checkpoint_bytes if fc else None
+        last = prog.last_complete_checkpoint(out, weights_only)
+        parts = [ex.message] if ex.message else []
+        if not ex.message.startswith("the save at step"):
+            parts.append(disk_message(out, size))
+        if removed.names:
+            parts.append(f"removed the partial {', '.join(removed.names)} ({removed.bytes_freed} bytes)")
+        parts.append(f"kept every complete checkpoint (last: {last[1].name})" if last else "no complete checkpoint yet")
+        if removed.names:
+            self.journal.partial_removed(list(removed.names), removed.bytes_freed)
+        return Exit(FailureKind.DISK_FULL, "; ".join(parts) + f"; {DISK_HINT}")
 
     def _policy(self, state: Any) -> StallPolicy:
         if self.stall_policy is not None:

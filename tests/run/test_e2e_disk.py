@@ -137,3 +137,23 @@ def test_full_ftlaunch_home_exits_12_without_a_traceback(tiny, tmp_path):
             assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (args, r.stderr)
         assert status("full", env)["status"] == "stopped"  # the failed resume changed nothing
         assert Path(run["run_dir"]).is_dir()
+
+
+def test_a_run_that_fills_the_disk_ends_disk_full_after_one_attempt_with_its_checkpoints_intact(
+    tiny, tmp_path, isolated_home
+):
+    with tmpfs(tmp_path / "small", 3500) as mnt:
+        out = mnt / "out"
+        # saves at 6, 12, 16: checkpoint-6 fits, the save at step 12 cannot
+        cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, out, save_steps=6))
+        r = ftl("train", str(cfg), "--foreground", env=slow_env("0.1"), timeout=300)
+        assert r.returncode == 17, r.stdout[-3000:] + r.stderr[-2000:]
+        st = state_of(isolated_home)
+        assert st["status"] == "disk_full" and st["attempt"] == 1
+        assert "step 12" in st["message"] and str(mnt) in st["message"] and "one checkpoint takes" in st["message"]
+        names = sorted(p.name for p in out.iterdir() if "checkpoint" in p.name)
+        assert names == ["checkpoint-6"]  # the complete one kept; no partial, nothing set aside
+        from ftlaunch.run.progress import checkpoint_problems
+
+        assert checkpoint_problems(out / "checkpoint-6") == []
+        assert "Traceback" not in r.stderr

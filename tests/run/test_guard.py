@@ -294,7 +294,7 @@ def test_a_full_ftlaunch_home_does_not_kill_the_trainer_and_is_said_once_it_has_
     if not _mount_tmpfs(home, "2m"):
         pytest.skip("mounting a tmpfs needs root")
     try:
-        script = [{"train": True, "steps": 40, "save_steps": 100, "step_sleep": 0.05}]
+        script = [{"train": True, "steps": 60, "save_steps": 100, "step_sleep": 0.05}]
         run_dir, env = make_run(tmp_path, script)
         assert str(run_dir).startswith(str(home))
         filler = home / "filler"
@@ -310,7 +310,7 @@ def test_a_full_ftlaunch_home_does_not_kill_the_trainer_and_is_said_once_it_has_
                         f.flush()
                 except OSError:
                     pass
-            time.sleep(1.0)
+            time.sleep(2.0)  # progress is written every second: some of it is lost
             os.unlink(filler)
 
         t = threading.Thread(target=fill_then_free)
@@ -318,7 +318,7 @@ def test_a_full_ftlaunch_home_does_not_kill_the_trainer_and_is_said_once_it_has_
         code = Supervisor(run_dir, env, poll=0.05).run()
         t.join()
         st = read_state(run_dir)
-        assert code == 0 and st.status is RunStatus.SUCCEEDED and (st.progress or {}).get("step") == 40
+        assert code == 0 and st.status is RunStatus.SUCCEEDED and (st.progress or {}).get("step") == 60
         log = (run_dir / "train.log").read_text()
         assert "could not be written while its folder refused writes" in log
         assert "the trainer kept running" in log
@@ -339,3 +339,18 @@ def test_a_missing_package_is_a_config_error_not_a_crash_to_retry():
 
     log = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'deepspeed'\n"
     assert classify(1, log).kind is FailureKind.CONFIG
+
+
+def test_enospc_while_saving_ends_disk_full_after_one_attempt_keeping_complete_checkpoints(tmp_path):
+    run_dir, env = make_run(tmp_path, [{"train": True, "steps": 12, "save_steps": 4, "enospc_at": 8}])
+    code = Supervisor(run_dir, env, poll=0.05).run()
+    st = read_state(run_dir)
+    assert (code, st.status, st.failure_kind) == (17, RunStatus.DISK_FULL, FailureKind.DISK_FULL)
+    assert len(configs_seen(tmp_path)) == 1  # never retried blindly
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-4"]
+    assert "Errno 28" in st.message and "removed the partial checkpoint-8" in st.message
+    assert "kept every complete checkpoint (last: checkpoint-4)" in st.message and "free" in st.message
+    assert [e["names"] for e in read_events(run_dir) if e["event"] == "partial_checkpoint_removed"] == [
+        ["checkpoint-8"]
+    ]
