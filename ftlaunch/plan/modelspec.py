@@ -10,6 +10,9 @@ Any other ``model_type`` is counted as llama-like from the config keys
 (``attention_bias``, ``mlp_bias``, ``head_dim``) and marked ``count_method="llama-like"``.
 Composite (vision-language) configs are read through their ``text_config``; the vision tower is
 *not* counted there (``count_method="text-only"``).
+A pre-quantized checkpoint (AWQ, GPTQ, AQLM, ... : ``quantization_config`` in config.json) keeps
+its method and weight bits (``quant_method``, ``quant_bits``): the memory model sizes its linear
+weights at those bits, not at 16, and the rules refuse ZeRO-3 and the CPU for it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from ftlaunch.plan.rules import ptq_of
 
 __all__ = [
     "ModelSpec",
@@ -56,6 +61,9 @@ class ModelSpec:
     qk_norm: bool = False  # RMSNorm on q and k per head (qwen3, gemma3)
     norms_per_layer: int = 2  # RMSNorms per decoder layer (gemma2/3 have 4)
     count_method: str = "exact"  # "exact" | "llama-like" | "text-only" | "synthetic"
+    # A pre-quantized (PTQ) checkpoint: config.json's quantization_config (ftlaunch.plan.rules.ptq_of)
+    quant_method: str | None = None  # "awq", "gptq", "aqlm", ... (None: 16-bit weights)
+    quant_bits: int | None = None  # bits a linear weight is stored in (None: loads dequantized)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,6 +184,12 @@ def spec_from_config(cfg: dict) -> ModelSpec:
     """
     if not isinstance(cfg, dict):
         raise ValueError("config must be a dict (the parsed config.json)")
+    method, bits = ptq_of(cfg)
+    spec = _spec_from_config(cfg)
+    return _replace(spec, quant_method=method, quant_bits=bits) if method else spec
+
+
+def _spec_from_config(cfg: dict) -> ModelSpec:
     count_method = "exact"
     model_type = str(cfg.get("model_type", "") or "")
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
@@ -184,7 +198,7 @@ def spec_from_config(cfg: dict) -> ModelSpec:
         text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings"))
         if text.get("tie_word_embeddings") is None:
             text.pop("tie_word_embeddings")
-        inner = spec_from_config(text)
+        inner = _spec_from_config(text)
         return _replace(inner, model_type=inner.model_type or model_type, count_method="text-only")
     if model_type == "gemma3":  # a text-only gemma3 config saved with the composite type
         model_type = "gemma3_text"

@@ -70,6 +70,21 @@ def _zero_from_dict(ds: dict) -> tuple[int, bool, bool]:
     return stage, on_cpu("offload_optimizer"), on_cpu("offload_param") and stage == 3
 
 
+def deepspeed_stage(config: dict, deepspeed_config: dict | None = None) -> tuple[int, bool, bool]:
+    """(ZeRO stage, offload_optimizer, offload_params) of ``config["deepspeed"]``: from the parsed
+    JSON when given, else an inline dict, else the file name; (0, False, False) without DeepSpeed."""
+    ds_value = (config or {}).get("deepspeed")
+    if not ds_value:
+        return 0, False, False
+    if deepspeed_config is not None:
+        return _zero_from_dict(deepspeed_config)
+    if isinstance(ds_value, dict):
+        return _zero_from_dict(ds_value)
+    if isinstance(ds_value, str) and ds_value.strip():
+        return _zero_from_name(ds_value)
+    return 0, False, False
+
+
 def _version_tuple(version: str | None) -> tuple[int, ...]:
     out: list[int] = []
     for part in re.split(r"[.+-]", version or "")[:3]:
@@ -123,14 +138,10 @@ def setup_from_config(
     packing = c.get("packing")
     packing = truthy(packing) if packing is not None else str(c.get("stage", "sft")) == "pt"
 
-    stage, off_opt, off_par = 0, False, False
-    ds_value = c.get("deepspeed")
-    if deepspeed_config is not None:
+    if deepspeed_config is not None:  # parsed JSON given: the caller has checked the key is set
         stage, off_opt, off_par = _zero_from_dict(deepspeed_config)
-    elif isinstance(ds_value, dict):
-        stage, off_opt, off_par = _zero_from_dict(ds_value)
-    elif isinstance(ds_value, str) and ds_value.strip():
-        stage, off_opt, off_par = _zero_from_name(ds_value)
+    else:
+        stage, off_opt, off_par = deepspeed_stage(c)
 
     return TrainSetup(
         finetuning_type=ft,
