@@ -71,3 +71,16 @@ def json_safe(obj: Any) -> Any:
 def to_json(obj: Any) -> str:
     """What every --json and every JSON file of a run prints: indented, strict (see json_safe)."""
     return json.dumps(json_safe(obj), indent=2, default=str, allow_nan=False)
+
+
+def tree_bytes(path: Path) -> int:
+    """Apparent size of the files under ``path`` (what ``du -sb`` counts, less the folders); files
+    that vanish meanwhile (a checkpoint rotated away) count 0."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total

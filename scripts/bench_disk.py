@@ -26,39 +26,21 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
+from ftlaunch.files import tree_bytes  # noqa: E402
 from ftlaunch.plan.disk import GIB, RunLength, SaveSettings, forecast  # noqa: E402
 from ftlaunch.plan.memory.setup import setup_from_config  # noqa: E402
 from ftlaunch.plan.modelspec import spec_from_config  # noqa: E402
-from ftlaunch.run.disk import tree_bytes  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_supervisor import config  # noqa: E402
 
 QWEN15 = ROOT / "tests" / "data" / "corpus" / "model-configs" / "qwen2.5-1.5b" / "config.json"
 
 
 def tiny_config(tiny: Path, out: Path, **over) -> dict:
-    cfg = {
-        "model_name_or_path": str(tiny / "model"),
-        "stage": "sft",
-        "do_train": True,
-        "finetuning_type": "full",
-        "dataset": "alpaca_tiny",
-        "dataset_dir": str(tiny / "data"),
-        "template": "default",
-        "cutoff_len": 128,
-        "max_samples": 64,
-        "preprocessing_num_workers": 1,
-        "dataloader_num_workers": 0,
-        "output_dir": str(out),
-        "logging_steps": 1,
-        "save_steps": 4,
-        "report_to": "none",
-        "per_device_train_batch_size": 2,
-        "gradient_accumulation_steps": 2,
-        "learning_rate": 1e-4,
-        "num_train_epochs": 1.0,
-        "seed": 42,
-    }
-    cfg.update(over)
-    return cfg
+    """The benchmarks' tiny config (bench_supervisor.config): 16 steps of micro-batch 2 x 2, a save every 4."""
+    base = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "save_steps": 4, "max_samples": 64}
+    return config(tiny, out, 16, **{**base, **over})
 
 
 def tiny_rows(work: Path) -> None:

@@ -6,11 +6,11 @@ missing): the trainer writes its files one by one, and a half-written one must n
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftlaunch.files import tree_bytes
 from ftlaunch.run import progress as prog
 
 
@@ -81,7 +81,7 @@ class CheckpointWatch:
         total = 0
         for step, path in prog.checkpoint_dirs(self.out):
             if step not in self.seen:
-                total += _folder_bytes(path)
+                total += tree_bytes(path)
         grew = total > self._pending_bytes
         self._pending_bytes = total
         return grew
@@ -90,17 +90,3 @@ class CheckpointWatch:
     def progressed(self) -> bool:
         """A checkpoint beyond any earlier one landed since the watch began (refills the budgets)."""
         return self.last > self.best
-
-
-def _folder_bytes(path: Path) -> int:
-    total = 0
-    try:
-        for root, _dirs, files in os.walk(path):
-            for name in files:
-                try:
-                    total += os.stat(os.path.join(root, name)).st_size
-                except OSError:
-                    continue
-    except OSError:
-        return 0
-    return total

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import DiskFullError
+from ftlaunch.files import tree_bytes
 from ftlaunch.plan.disk import (
     DiskForecast,
     DiskVerdict,
@@ -115,18 +116,6 @@ class Removed:
 
     names: tuple[str, ...]
     bytes_freed: int
-
-
-def tree_bytes(path: Path) -> int:
-    """Apparent size of the files under ``path`` (what ``du -sb`` counts, less the folders)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def partial_checkpoints(out: Path, weights_only: bool = False) -> list[Path]:
