@@ -77,6 +77,9 @@ class Hardware:
     cpu_count: int | None = None
     versions: Mapping[str, str | None] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # Pairs of GPU indices (as the trainer sees them) that cannot reach each other peer to peer:
+    # measured by NVML on a probed machine, assumed for the catalog's GeForce cards (see CATALOG).
+    p2p_blocked: tuple[tuple[int, int], ...] = ()
 
     @property
     def gpu_count(self) -> int:
@@ -118,6 +121,7 @@ class Hardware:
             "cpu_count": self.cpu_count,
             "versions": dict(self.versions),
             "notes": list(self.notes),
+            "p2p_blocked": [list(p) for p in self.p2p_blocked],
         }
 
     @classmethod
@@ -133,6 +137,7 @@ class Hardware:
                 cpu_count=d.get("cpu_count"),
                 versions=dict(d.get("versions") or {}),
                 notes=tuple(d.get("notes") or ()),
+                p2p_blocked=tuple((int(a), int(b)) for a, b in d.get("p2p_blocked") or ()),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise HardwareError(
@@ -162,6 +167,14 @@ CATALOG: dict[str, tuple[str, int, tuple[int, int]]] = {
     "H100-80GB": ("NVIDIA H100 80GB HBM3", 81559, (9, 0)),
     "H200": ("NVIDIA H200", 143771, (9, 0)),
 }
+
+
+# Consumer (GeForce) cards whose driver gives no peer-to-peer access over PCIe (the RTX 4090 has none
+# at all; the 3090 and 2080 Ti only over an NVLink bridge a what-if cannot know of). A what-if for
+# several of them plans NCCL_P2P_DISABLE=1: where P2P does work it only costs bandwidth, where it does
+# not, NCCL hangs without it. Data-centre and workstation cards are assumed to have P2P; a probed
+# machine is measured (nvmlDeviceGetP2PStatus) instead.
+NO_P2P = frozenset({"RTX2080TI", "RTX3090", "RTX4090"})
 
 
 def _norm(name: str) -> str:
@@ -210,7 +223,12 @@ def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
     key = matches[0]
     full, mib, cc = CATALOG[key]
     gpus = tuple(Gpu(index=i, name=full, total_mib=mib, free_mib=mib, compute_capability=cc) for i in range(count))
-    return Hardware(gpus=gpus, source=f"catalog:{key}x{count}", host_ram_gib=host_ram_gib)
+    blocked = all_pairs(count) if key in NO_P2P else ()
+    return Hardware(gpus=gpus, source=f"catalog:{key}x{count}", host_ram_gib=host_ram_gib, p2p_blocked=blocked)
+
+
+def all_pairs(count: int) -> tuple[tuple[int, int], ...]:
+    return tuple((i, j) for i in range(count) for j in range(i + 1, count))
 
 
 def load_hardware_file(path: str | Path) -> Hardware:
@@ -400,6 +418,49 @@ def gpus_from_nvml(nvml: Any) -> tuple[list[Gpu], str | None]:
             pass
 
 
+# NVML's nvmlGpuP2PStatus_t: 0 is NVML_P2P_STATUS_OK; anything else (chipset or GPU not supported,
+# topology, disabled by the driver, unknown) means no peer-to-peer read between the two.
+NVML_P2P_STATUS_OK = 0
+NVML_P2P_CAPS_INDEX_READ = 0
+
+
+def blocked_pairs(statuses: Mapping[tuple[str, str], int], visible: Sequence[Gpu]) -> tuple[tuple[int, int], ...]:
+    """Pairs of ``visible`` GPUs (by their index as the trainer sees them) whose P2P status is not OK.
+
+    ``statuses`` maps (uuid, uuid) to nvmlDeviceGetP2PStatus's answer, in either order; a pair with
+    no answer counts as blocked (fail closed: NCCL_P2P_DISABLE only costs bandwidth)."""
+    out: list[tuple[int, int]] = []
+    for a_i, a in enumerate(visible):
+        for b in visible[a_i + 1 :]:
+            key, rev = (a.uuid or "", b.uuid or ""), (b.uuid or "", a.uuid or "")
+            status = statuses.get(key, statuses.get(rev))
+            if status != NVML_P2P_STATUS_OK:
+                out.append((min(a.index, b.index), max(a.index, b.index)))
+    return tuple(out)
+
+
+def p2p_from_nvml(nvml: Any) -> dict[tuple[str, str], int]:
+    """(uuid, uuid) -> P2P read status for every pair of GPUs, through a pynvml-like module."""
+    nvml.nvmlInit()
+    try:
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        uuids = []
+        for h in handles:
+            u = nvml.nvmlDeviceGetUUID(h)
+            uuids.append(u.decode() if isinstance(u, bytes) else str(u))
+        caps = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", NVML_P2P_CAPS_INDEX_READ)
+        out: dict[tuple[str, str], int] = {}
+        for i, hi in enumerate(handles):
+            for j in range(i + 1, len(handles)):
+                out[(uuids[i], uuids[j])] = int(nvml.nvmlDeviceGetP2PStatus(hi, handles[j], caps))
+        return out
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 # ---------------------------------------------------------------- the shell
 
 
@@ -466,6 +527,14 @@ def probe(
         before = len(gpus)
         gpus = filter_visible(gpus, visible)
         notes.append(f"CUDA_VISIBLE_DEVICES={visible!r}: {len(gpus)} of {before} GPUs visible")
+    blocked: tuple[tuple[int, int], ...] = ()
+    if len(gpus) > 1:
+        try:
+            blocked = blocked_pairs(p2p_from_nvml(nvml_loader()), gpus)
+        except Exception as exc:  # no NVML: nvidia-smi cannot say; assume P2P (data-centre default), say so
+            notes.append(f"peer-to-peer access between GPUs unknown (NVML: {exc}); assumed available")
+        if blocked:
+            notes.append(f"no peer-to-peer access between GPUs {blocked} (NVML): NCCL_P2P_DISABLE=1 is planned")
     vm = psutil.virtual_memory()
     disk_dir = Path(disk_path)
     while not disk_dir.exists() and disk_dir != disk_dir.parent:
@@ -484,6 +553,7 @@ def probe(
         cpu_count=os.cpu_count(),
         versions=_versions(),
         notes=tuple(notes),
+        p2p_blocked=blocked,
     )
 
 
