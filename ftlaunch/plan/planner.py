@@ -3,17 +3,24 @@
 Every decision is a ``Change(key, old, new, reason)``; rendering lives in ``ftlaunch.cli.render``.
 Invariant kept: global batch = micro-batch x accumulation x world size (exactly where it divides,
 else the nearest achievable, said in the table). Learning rate, epochs and scheduler never change.
+LLaMA-Factory's own refusals (ZeRO-3, several processes, DeepSpeed, CUDA-only methods), the
+precision a DeepSpeed JSON fixes, the cards' kernels and the launch env of a world size are
+``ftlaunch.plan.rules``: the planner applies them, it does not restate them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ftlaunch.errors import ConfigError, HardwareError
+from ftlaunch.plan import rules
 from ftlaunch.plan.batch import split_batch
 from ftlaunch.plan.change import REMOVED, Change
+from ftlaunch.plan.config import truthy
 from ftlaunch.plan.hardware import Hardware
+from ftlaunch.plan.memory.setup import deepspeed_stage
 
 
 @dataclass(frozen=True)
@@ -121,31 +128,54 @@ def global_batch_for(
 ) -> GlobalBatch:
     """The global batch ``plan`` keeps for ``values`` on ``world_size`` devices. Pure.
 
-    Source: ``options.global_batch``, else micro-batch x accumulation x the world size the config
-    was written for (``options.source_gpus``, else the ftlaunch header's ``meta``, else 1)."""
+    Source, first that applies: ``options.global_batch``; the global batch recorded in the ftlaunch
+    header of an adapted config (``meta``: it wins over ``--source-gpus``, which would multiply an
+    already adapted batch again); micro-batch x accumulation x the world size the config was written
+    for (``options.source_gpus``, else the header's world size, else 1)."""
     micro_src = int(values.get("per_device_train_batch_size", 8) or 8)
     accum_src = int(values.get("gradient_accumulation_steps", 1) or 1)
-    if options.source_gpus is not None:
-        source_world = options.source_gpus
-    else:
-        source_world = int((meta or {}).get("world_size", 1))
+    recorded = (meta or {}).get("global_batch")
+    warning = None
     if options.global_batch is not None:
         g_source, why = options.global_batch, "--global-batch"
+    elif isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+        g_source, why = recorded, "recorded in the config's ftlaunch-plan header"
+        if options.source_gpus is not None:
+            why += f"; --source-gpus {options.source_gpus} not applied to an adapted config"
+            warning = (
+                f"global batch {recorded} is the one recorded in the adapted config's header; --source-gpus "
+                f"{options.source_gpus} is ignored (pass --global-batch to change it)"
+            )
     else:
+        source_world = (
+            options.source_gpus if options.source_gpus is not None else int((meta or {}).get("world_size", 1))
+        )
         g_source, why = micro_src * accum_src * source_world, f"{micro_src} x {accum_src} x {source_world} GPU(s)"
     per_device, rem = divmod(g_source, world_size)
     if rem or per_device == 0:
         per_device = max(1, round(g_source / world_size))
-        warning = (
+        nearest = (
             f"global batch {g_source} does not divide over {world_size} GPUs; "
             f"using {per_device * world_size}, the nearest achievable"
         )
-        return GlobalBatch(g_source, why, per_device, per_device * world_size, warning)
-    return GlobalBatch(g_source, why, per_device, g_source)
+        return GlobalBatch(
+            g_source, why, per_device, per_device * world_size, "; ".join(filter(None, [warning, nearest]))
+        )
+    return GlobalBatch(g_source, why, per_device, g_source, warning)
 
 
-def precision_for(values: Mapping[str, Any], hw: Hardware) -> tuple[str, list[Change]]:
-    """Decide precision. Returns (label, the changes it needs)."""
+def _flags_for(label: str) -> dict[str, bool]:
+    return {"bf16": label in ("bf16", "pure_bf16"), "fp16": label == "fp16"}
+
+
+def precision_for(
+    values: Mapping[str, Any], hw: Hardware, ds_fixed: Mapping[str, bool] | None = None, ds_name: str = ""
+) -> tuple[str, list[Change]]:
+    """Decide precision. Returns (label, the changes it needs).
+
+    ``ds_fixed`` is what the DeepSpeed JSON the plan keeps hard-codes (``rules.ds_precision``):
+    transformers refuses a TrainingArguments flag that differs from it, so the plan's precision
+    follows the JSON (the user's recipe) rather than rewriting it."""
     wants_bf16 = bool(values.get("bf16")) or bool(values.get("pure_bf16"))
     wants_fp16 = bool(values.get("fp16"))
     edits: list[Change] = []
@@ -166,15 +196,97 @@ def precision_for(values: Mapping[str, Any], hw: Hardware) -> tuple[str, list[Ch
             change("bf16", False, why)
         if values.get("pure_bf16"):
             change("pure_bf16", False, why)
-        change("fp16", True, why + "; fp16 mixed precision instead")
-        return "fp16", edits
-    if values.get("pure_bf16"):
-        return "pure_bf16", edits
-    if wants_bf16:
-        return "bf16", edits
-    if wants_fp16:
-        return "fp16", edits
-    return "fp32", edits
+        label, base_why = "fp16", why
+    elif values.get("pure_bf16"):
+        label, base_why = "pure_bf16", ""
+    elif wants_bf16:
+        label, base_why = "bf16", ""
+    elif wants_fp16:
+        label, base_why = "fp16", ""
+    else:
+        label, base_why = "fp32", ""
+    fixed = dict(ds_fixed or {})
+    if fixed and any(_flags_for(label)[k] != v for k, v in fixed.items()):
+        said = ", ".join(f"{k}.enabled={str(v).lower()}" for k, v in sorted(fixed.items()))
+        options = [x for x in ("bf16", "fp16", "fp32") if x != "bf16" or hw.bf16]
+        fits = [x for x in options if all(_flags_for(x)[k] == v for k, v in fixed.items())]
+        if not fits:
+            raise ConfigError(
+                f"deepspeed: {ds_name or 'the DeepSpeed config'} hard-codes {said}, which {hw.describe()} "
+                "cannot train with (transformers refuses TrainingArguments that differ from it)",
+                hint='set "enabled": "auto" in its fp16/bf16 sections, or plan for a card with bf16',
+            )
+        new = fits[0]
+        why = (f"{base_why}; " if base_why else "") + (
+            f"the DeepSpeed config {ds_name} hard-codes {said} and transformers refuses TrainingArguments "
+            f"that differ from it: {new}"
+        )
+        edits = [e for e in edits if e.key not in ("bf16", "fp16")]
+        for key, flag in _flags_for(new).items():
+            if bool(values.get(key)) != flag:
+                change(key, flag, why)
+        if values.get("pure_bf16") and new != "bf16" and not any(e.key == "pure_bf16" for e in edits):
+            change("pure_bf16", False, why)
+        return new, edits
+    if base_why:
+        change("fp16", True, base_why + "; fp16 mixed precision instead")
+    return label, edits
+
+
+def _kernel_edits(values: Mapping[str, Any], hw: Hardware) -> list[Change]:
+    """fp8 only where every planned card has it; flash_attn fa2 only from compute capability 8.0."""
+    edits: list[Change] = []
+    ccs = [g.compute_capability for g in hw.gpus]
+    where = hw.describe()
+    if hw.gpus:
+        cc = ccs[0]
+        where = f"{hw.gpus[0].name} (compute capability {f'{cc[0]}.{cc[1]}' if cc else 'unknown'})"
+    if truthy(values.get("fp8")) and not (ccs and all(rules.has_fp8(c) for c in ccs)):
+        why = f"{where} has no fp8 tensor cores (they need compute capability >= 8.9: Ada, Hopper)"
+        edits.append(Change("fp8", values.get("fp8"), False, why))
+        if truthy(values.get("fp8_enable_fsdp_float8_all_gather")):
+            # LLaMA-Factory turns fp8 back on when this is set (parser.py:421)
+            edits.append(
+                Change("fp8_enable_fsdp_float8_all_gather", values["fp8_enable_fsdp_float8_all_gather"], False, why)
+            )
+    if str(values.get("flash_attn") or "").strip().lower() == "fa2" and not (
+        ccs and all(rules.has_fa2(c) for c in ccs)
+    ):
+        edits.append(
+            Change(
+                "flash_attn",
+                values.get("flash_attn"),
+                "sdpa",
+                f"{where}: FlashAttention-2 needs compute capability >= 8.0 (Ampere); torch SDPA instead",
+            )
+        )
+    return edits
+
+
+@dataclass(frozen=True)
+class Processes:
+    """How many trainer processes a plan runs, on which GPUs, and why when fewer than the machine has."""
+
+    world: int
+    pin: str | None = None  # CUDA_VISIBLE_DEVICES for one process on a machine with several GPUs
+    why: str | None = None
+
+
+def processes_for(values: Mapping[str, Any], hw: Hardware, *, zero3: bool) -> Processes:
+    """One per GPU, unless the config cannot run distributed (``rules``): then one, on the first GPU."""
+    if hw.gpu_count <= 1:
+        return Processes(1)
+    first = hw.gpus[0]
+    pin = first.uuid or str(first.index)
+    single = rules.single_process(values)
+    if single:
+        return Processes(1, None, single)
+    refused = rules.distributed_refusals(values, zero3=zero3)
+    if refused:
+        return Processes(
+            1, pin, f"one process on GPU {first.index} of {hw.gpu_count}: " + "; ".join(str(r) for r in refused)
+        )
+    return Processes(hw.world_size)
 
 
 def plan(
@@ -184,10 +296,13 @@ def plan(
     *,
     meta: Mapping[str, Any] | None = None,
     memory_chooser: Any = None,
+    deepspeed_config: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Adapt a merged llamafactory config to ``hardware``.
 
     ``meta`` is the ftlaunch header of an already adapted config (its world size and global batch).
+    ``deepspeed_config`` is the parsed JSON that ``values["deepspeed"]`` names (for the precision it
+    fixes and its ZeRO stage), None when there is none or it is not read.
     ``memory_chooser(values, hardware, per_device, most)`` -> MemoryDecision or None: supplied by the
     shell when a model spec is known (see ftlaunch.plan.memory.adapt); ``most`` is the remembered
     micro-batch (``options.remembered_micro_batch``), the largest it may choose, or None.
@@ -195,25 +310,47 @@ def plan(
     meta = meta or {}
     ed = _Editor(values)
     warnings: list[str] = []
-    world = hardware.world_size
 
-    # --- precision
-    precision, edits = precision_for(values, hardware)
-    for c in edits:
-        ed.set(c.key, c.new, c.reason)
+    if not hardware.gpus:
+        why = rules.cuda_only(values)
+        if why:
+            raise HardwareError(f"cannot train on {hardware.describe()}: {why}", hint="plan it for a CUDA GPU (--gpu)")
 
-    # --- strategy
-    env: dict[str, str] = {}
-    if world == 1:
-        if values.get("deepspeed"):
-            ed.remove(
-                "deepspeed",
-                "one device: DeepSpeed would need torchrun (FORCE_TORCHRUN=1) and buys nothing "
-                "without offload; plain single-process training",
+    # --- processes and DeepSpeed
+    ds_stage = deepspeed_stage(dict(values), dict(deepspeed_config) if deepspeed_config else None)[0]
+    ds_dropped: str | None = None
+    if values.get("deepspeed") and hardware.gpu_count > 1:
+        if rules.deepspeed_refusals(values):
+            ds_dropped = "; ".join(str(r) for r in rules.deepspeed_refusals(values)) + "; plain DDP instead"
+        elif rules.deepspeed_missing(hardware.versions):
+            ds_dropped = (
+                "DeepSpeed is not installed in the trainer's environment (see `ftlaunch env`): plain DDP over "
+                f"torchrun instead, with the same global batch; to keep DeepSpeed: {rules.DEEPSPEED_PIP}"
             )
-    else:
-        env["FORCE_TORCHRUN"] = "1"
-        env["NPROC_PER_NODE"] = str(world)
+    procs = processes_for(values, hardware, zero3=ds_stage == 3 and not ds_dropped)
+    world = procs.world
+    if procs.why:
+        warnings.append(procs.why)
+    drop_ds: str | None = None
+    if values.get("deepspeed"):
+        if world == 1:
+            drop_ds = (
+                "one device: DeepSpeed would need torchrun (FORCE_TORCHRUN=1) and buys nothing "
+                "without offload; plain single-process training"
+                if hardware.gpu_count <= 1
+                else f"{procs.why}; DeepSpeed buys nothing on one process without offload"
+            )
+        else:
+            drop_ds = ds_dropped
+    kept_ds = deepspeed_config if values.get("deepspeed") and not drop_ds else None
+    planned = replace(hardware, gpus=hardware.gpus[:world]) if world < hardware.gpu_count else hardware
+
+    # --- precision and kernels (precision first: its rows lead the table)
+    precision, edits = precision_for(values, planned, rules.ds_precision(kept_ds), str(values.get("deepspeed") or ""))
+    for c in edits + _kernel_edits(values, planned):
+        ed.set(c.key, c.new, c.reason)
+    if drop_ds:
+        ed.remove("deepspeed", drop_ds)
 
     # --- global batch
     gb = global_batch_for(values, world, options, meta)
@@ -228,8 +365,13 @@ def plan(
     batch_reason = f"keeps global batch {g_source} ({gb.why}) on {world} device(s)"
     if remembered:
         batch_reason = options.remembered_reason or "micro-batch that worked last time on this card"
-    if memory_chooser is not None:
-        decision = memory_chooser(ed.values, hardware, per_device, remembered)
+    if memory_chooser is not None and rules.predict_only(values):
+        warnings.append(
+            "predict/eval only (do_train is not set): the memory model sizes training, so it is not applied; "
+            "nothing (offload included) is chosen for memory"
+        )
+    elif memory_chooser is not None:
+        decision = memory_chooser(ed.values, planned, per_device, remembered)
         if decision is not None:
             memory = decision.memory
             warnings.extend(decision.warnings)
@@ -238,7 +380,6 @@ def plan(
                     ed.remove(c.key, c.reason)
                 else:
                     ed.set(c.key, c.new, c.reason)
-            env.update(decision.env)
             if decision.micro_batch is not None:
                 micro, accum = decision.micro_batch, per_device // decision.micro_batch
                 # the remembered micro-batch explains the choice only when it is the one taken
@@ -249,6 +390,18 @@ def plan(
     ed.set("per_device_train_batch_size", micro, batch_reason)
     ed.set("gradient_accumulation_steps", accum, batch_reason)
 
+    # --- launch: what the world size means for every variable (rules.launch_env)
+    blocked = world > 1 and any(i < world and j < world for i, j in hardware.p2p_blocked)
+    if blocked:
+        how = "assumed for this card (GeForce)" if hardware.source.startswith("catalog:") else "per NVML"
+        warnings.append(
+            f"NCCL_P2P_DISABLE=1: the planned GPUs cannot reach each other peer to peer ({how}); "
+            "NCCL would hang or fail without it"
+        )
+    env = rules.launch_env(
+        world, gpus=hardware.gpu_count, deepspeed=bool(ed.values.get("deepspeed")), pin=procs.pin, p2p_blocked=blocked
+    )
+
     # --- resume safety
     if values.get("overwrite_output_dir"):
         ed.set(
@@ -258,8 +411,6 @@ def plan(
         )
     if hardware.gpus and values.get("quantization_bit") and not hardware.gpus[0].compute_capability:
         warnings.append("quantization_bit needs bitsandbytes on a CUDA GPU")
-    if not hardware.gpus and values.get("quantization_bit"):
-        warnings.append("quantization_bit (QLoRA) needs a CUDA GPU; this run will fail on the CPU")
 
     return Plan(
         config=ed.values,

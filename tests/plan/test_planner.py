@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from ftlaunch.errors import HardwareError
+from ftlaunch.plan import rules
 from ftlaunch.plan.batch import split_batch
 from ftlaunch.plan.change import REMOVED
 from ftlaunch.plan.config import dump_yaml, known_keys, load_config, read_header, resolve_paths
@@ -36,6 +38,10 @@ def changed(p) -> dict:
 def test_every_example_on_every_card(rel, card):
     values = load(rel)
     hw = catalog_hardware(card)
+    if not hw.gpus and rules.cuda_only(values):
+        with pytest.raises(HardwareError, match="needs a CUDA GPU"):
+            plan(values, hw, PlanOptions(source_gpus=8))
+        return
     p = plan(values, hw, PlanOptions(source_gpus=8))
     cfg = p.config
     # never a key llamafactory does not know; untouched keys keep their order and values
@@ -47,7 +53,7 @@ def test_every_example_on_every_card(rel, card):
     g_src = values.get("per_device_train_batch_size", 8) * values.get("gradient_accumulation_steps", 1) * 8
     assert p.global_batch_source == g_src
     micro, accum = cfg["per_device_train_batch_size"], cfg["gradient_accumulation_steps"]
-    assert micro * accum * hw.world_size == p.global_batch_target
+    assert micro * accum * p.world_size == p.global_batch_target
     assert p.global_batch_target == g_src  # 8-GPU batches divide over 1 and 4 devices
     # learning rate, epochs and scheduler never change
     for k in ("learning_rate", "num_train_epochs", "lr_scheduler_type", "finetuning_type", "cutoff_len"):
@@ -59,9 +65,13 @@ def test_every_example_on_every_card(rel, card):
         assert not cfg.get("bf16") and not cfg.get("fp16") and p.precision == "fp32"
     if card.startswith("A100") and values.get("bf16"):
         assert cfg["bf16"] is True and "bf16" not in changed(p)
-    # strategy
+    # strategy: several processes unless the config refuses them (then one, pinned to GPU 0)
+    single = rules.single_process(values) or rules.distributed_refusals(values, zero3=False)
     if hw.world_size == 1:
         assert "deepspeed" not in cfg and p.env == {}
+    elif single:
+        assert p.world_size == 1 and "deepspeed" not in cfg
+        assert p.env in ({}, {"CUDA_VISIBLE_DEVICES": "0"})
     else:
         assert cfg.get("deepspeed") == values.get("deepspeed")
         assert p.env == {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "4"}
@@ -74,6 +84,8 @@ def test_every_example_on_every_card(rel, card):
 def test_planning_an_adapted_config_changes_nothing(rel, card, tmp_path):
     values = load(rel)
     hw = catalog_hardware(card)
+    if not hw.gpus and rules.cuda_only(values):
+        return  # refused (test_every_example_on_every_card)
     first = plan(values, hw, PlanOptions(source_gpus=8))
     text = dump_yaml(first.config, first.header)
     again = plan(yaml.safe_load(text), hw, PlanOptions(), meta=read_header(text))

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ftlaunch.errors import ConfigError, DoesNotFitError
+from ftlaunch.errors import ConfigError, DoesNotFitError, HardwareError
+from ftlaunch.plan import rules
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.memory.choose import MIN_HEADROOM, TIGHT, choose_micro_batch, gib_pair
@@ -121,11 +122,23 @@ def make_memory_chooser(
 
     def choose(values: Mapping[str, Any], hw: Hardware, per_device: int, most: int | None) -> MemoryDecision | None:
         if not hw.gpus:
+            why = rules.cuda_only(values, spec.quant_method, spec.quant_bits)
+            if why:
+                raise HardwareError(f"cannot train on {hw.describe()}: {why}", hint="plan it for a CUDA GPU (--gpu)")
             return None  # CPU training: host RAM, not a card, is the limit; no micro-batch model
         ds = deepspeed_config if values.get("deepspeed") else None
         setup = setup_from_config(
             dict(values), world_size=hw.world_size, deepspeed_config=ds, default_optim=optim_default
         )
+        if spec.quant_bits and setup.finetuning_type in ("lora", "oft"):
+            # a PTQ checkpoint's linear weights are stored at its bits, whatever quantization_bit says
+            setup = replace(setup, quantization_bit=spec.quant_bits)
+        zero3_refused = "; ".join(str(r) for r in rules.zero3_refusals(values, spec.quant_method)) or None
+        ds_refused = None
+        if rules.deepspeed_missing(hw.versions):
+            ds_refused = f"DeepSpeed is not installed in the trainer's environment; install it: {rules.DEEPSPEED_PIP}"
+        elif rules.deepspeed_refusals(values):
+            ds_refused = "; ".join(str(r) for r in rules.deepspeed_refusals(values))
         capacity = min(g.total_gib for g in hw.gpus)
         host_ram, host_note = host_ram_for(hw)
         choice = choose_micro_batch(
@@ -140,6 +153,8 @@ def make_memory_chooser(
             can_flash=all(g.flash_attn for g in hw.gpus),
             correction=correction,
             max_micro_batch=most,
+            zero3_refused=zero3_refused,
+            deepspeed_refused=ds_refused,
         )
         est = choice.estimate.to_dict()
         usable = capacity * (1 - headroom)
@@ -168,7 +183,12 @@ def make_memory_chooser(
                 f"{spec.params / 1e9:.2f}B-parameter model, {setup.finetuning_type} fine-tuning, "
                 f"cutoff_len {setup.seq_len}: peak {peak} GiB at micro-batch 1 > {limit} GiB on "
                 f"{hw.describe()}: capacity less {MIN_HEADROOM:.0%}, the least headroom even a tight "
-                f"plan keeps (target {headroom:.0%})",
+                f"plan keeps (target {headroom:.0%})"
+                + (
+                    f"; ZeRO-3 CPU offload is not an option here: {ds_refused or zero3_refused}"
+                    if (ds_refused or zero3_refused) and setup.zero_stage != 3
+                    else ""
+                ),
                 hint="ftlaunch never changes the method or data on its own; pick one of the options above "
                 "(ordered: same numbers first, then numerics, then method or data)",
                 alternatives=alternatives,
@@ -181,8 +201,8 @@ def make_memory_chooser(
         edits: list[Change] = []
         env: dict[str, str] = {}
         for change in choice.changes:
-            new, launch_env = materialize(change.new)
-            env.update(launch_env)
+            # the launch env follows from the whole plan (rules.launch_env, in the planner), not from here
+            new, _ = materialize(change.new)
             edits.append(replace(change, new=new))
         warnings: tuple[str, ...] = (correction_why,) if correction_why else ()
         upto = f", at most {most} (what worked on this card before)," if most else ""

@@ -95,6 +95,8 @@ def choose_micro_batch(
     can_flash: bool = False,
     correction: float = 1.0,
     max_micro_batch: int | None = None,
+    zero3_refused: str | None = None,
+    deepspeed_refused: str | None = None,
 ) -> Choice:
     """Largest divisor of ``per_device_batch`` whose peak fits in capacity*(1-headroom).
 
@@ -108,7 +110,10 @@ def choose_micro_batch(
     ``alternatives`` lists what would, ordered by how much each changes the training.
     ``host_ram_note`` says where ``host_ram_gib`` comes from when it is an assumption;
     ``correction`` scales every predicted peak (see :func:`corrected`); ``max_micro_batch`` (what
-    worked on this card before) caps the micro-batches tried.
+    worked on this card before) caps the micro-batches tried. ``zero3_refused`` (why the trainer
+    refuses ZeRO-3 for this config, :mod:`ftlaunch.plan.rules`) and ``deepspeed_refused`` (why no
+    DeepSpeed at all, e.g. not installed) keep the offload step out, and mark the alternatives that
+    would need it as not fitting, with that reason.
     """
     if per_device_batch < 1:
         raise ValueError("per_device_batch must be >= 1")
@@ -167,7 +172,7 @@ def choose_micro_batch(
 
     # ZeRO-3 with CPU offload of optimizer states and parameters
     offload = replace(cur, zero_stage=3, offload_optimizer=True, offload_params=True)
-    if offload != cur:
+    if offload != cur and not (zero3_refused or deepspeed_refused):
         off_est = est_fn(replace(offload, micro_batch=1, accumulation=per_device_batch))
         if host_usable is not None and off_est.host_gib <= host_usable:
             changes.append(
@@ -194,6 +199,8 @@ def choose_micro_batch(
         host_ram_gib,
         host_ram_note,
         bf16_capable,
+        zero3_refused,
+        deepspeed_refused,
     )
     return Choice(
         None,
@@ -225,6 +232,8 @@ def _alternatives(
     host_ram_gib: float | None,
     host_ram_note: str | None,
     bf16_capable: bool,
+    zero3_refused: str | None = None,
+    deepspeed_refused: str | None = None,
 ) -> tuple[dict, ...]:
     """What would fit at micro-batch 1, each option changing one thing the chooser may not.
 
@@ -261,6 +270,10 @@ def _alternatives(
             row["why"] = why
         if est.host_gib:
             row["host_ram_gib"] = host_ram_gib
+        refused = deepspeed_refused if setup.zero_stage else None
+        refused = refused or (zero3_refused if setup.zero_stage == 3 else None)
+        if refused:  # the trainer would refuse it: never offered as fitting
+            row.update(fits=False, verdict=DOES_NOT_FIT, why=refused)
         out.append(row)
 
     full_or_freeze = base.finetuning_type in ("full", "freeze")
