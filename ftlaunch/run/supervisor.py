@@ -29,7 +29,7 @@ from ftlaunch.plan.config import dump_yaml, read_header
 from ftlaunch.plan.disk import DiskForecast, enough_for_save
 from ftlaunch.plan.hardware import gpu_peak_of
 from ftlaunch.plan.memory.store import remember, remember_observed
-from ftlaunch.plan.offload import materialize
+from ftlaunch.plan.offload import materialize, refusal
 from ftlaunch.run import progress as prog
 from ftlaunch.run.checkpoints import CheckpointWatch, set_aside_incomplete
 from ftlaunch.run.disk import DISK_HINT, disk_message, enospc_in, enospc_line, free_bytes, remove_partial
@@ -226,7 +226,10 @@ class Supervisor:
             if ex.kind is FailureKind.HOST_OOM:
                 ex = with_kernel_evidence(ex, read_state(self.run_dir).trainer_pid, self.read_kernel_log)
             self.journal.exited(attempt, rc, ex, step)
-            offload_ok = importlib.util.find_spec("deepspeed") is not None and bool(state.gpu_count)
+            # ZeRO-3 offload only where the trainer can run it and LLaMA-Factory accepts it for this config
+            offload_ok = (
+                importlib.util.find_spec("deepspeed") is not None and bool(state.gpu_count) and refusal(values) is None
+            )
             last = prog.last_complete_checkpoint(out, weights_only)
             d = decide(
                 ex,
@@ -242,7 +245,8 @@ class Supervisor:
             budget = d.budget
             if d.action is Action.RETRY:
                 for change in d.changes:
-                    values[change.key], launch_env = materialize(change.new)
+                    # launched as the plan's processes per node (never one: the plan's world stays)
+                    values[change.key], launch_env = materialize(change.new, world_size=state.gpu_count or 1)
                     extra_env.update(launch_env)
                 self._write_config(values, header)
                 self.journal.retry(attempt, d, ex, values, extra_env)

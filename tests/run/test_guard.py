@@ -354,3 +354,31 @@ def test_enospc_while_saving_ends_disk_full_after_one_attempt_keeping_complete_c
     assert [e["names"] for e in read_events(run_dir) if e["event"] == "partial_checkpoint_removed"] == [
         ["checkpoint-8"]
     ]
+
+
+def test_the_oom_ladders_offload_rung_keeps_the_plans_processes(tmp_path, monkeypatch):
+    """Offload on several GPUs runs as many processes as the plan (issue 21 case 1, at recovery)."""
+    import importlib.util
+    import json as _json
+
+    from ftlaunch.run import supervisor as sup
+    from ftlaunch.run.launch import create_run
+    from ftlaunch.run.prepare import PlanRequest, make_plan
+    from tests.fake_trainer import install, write_config
+
+    src = write_config(tmp_path, per_device_train_batch_size=1, gradient_accumulation_steps=8)
+    env = {
+        "FTLAUNCH_HOME": str(tmp_path / "home"),
+        "PATH": "/usr/bin:/bin",
+        "FAKE_TRAINER_SCRIPT": _json.dumps([{"oom": True}, {"oom": True}, {"ok": True}]),
+        "FAKE_TRAINER_COUNTER": str(tmp_path / "counter"),
+        "FTLAUNCH_LLAMAFACTORY_CLI": str(install(tmp_path)),
+    }
+    loaded, p = make_plan(PlanRequest(config=str(src), gpu="A10Gx4", params="0.5B"), env)
+    run_dir = create_run(loaded, p, env)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(sup.importlib.util, "find_spec", lambda n, *a: object() if n == "deepspeed" else real(n, *a))
+    assert Supervisor(run_dir, env, poll=0.05).run() == 0
+    cfgs = configs_seen(tmp_path)
+    assert cfgs[1]["per_device_train_batch_size"] == 1 and "offload" in str(cfgs[2].get("deepspeed"))
+    assert read_state(run_dir).trainer_env["NPROC_PER_NODE"] == "4"
