@@ -31,6 +31,15 @@ Say = Callable[[str], None]
 
 def count_tokens(values: Mapping[str, Any], env: Mapping[str, str], say: Say, why: str = "") -> TokenStats:
     """Exact token counts in a scratch folder under FTLAUNCH_HOME (kept, with its log, on failure)."""
+    from ftlaunch.errors import ConfigError
+    from ftlaunch.plan import v1
+
+    if v1.schema_of(values, False)[0]:
+        raise ConfigError(
+            "estimate: a USE_V1 config cannot be counted yet: ftlaunch counts tokens with llamafactory's v0 "
+            "preprocessing (get_train_args, get_dataset), which has no train_dataset/micro_batch_size",
+            hint="`ftlaunch plan` plans it; estimate a v0 config of the same model and data instead",
+        )
     scratch = home(env) / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))

@@ -61,6 +61,7 @@ class LoadedConfig:
     overrides: tuple[str, ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict)  # from an ftlaunch header, if any
     warnings: tuple[str, ...] = ()
+    v1: bool = False  # a config of LLaMA-Factory's v1 trainer (USE_V1=1): ftlaunch.plan.v1
 
 
 @cache
@@ -134,8 +135,13 @@ def read_header(text: str) -> dict[str, Any]:
     return {}
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = (), cwd: str | Path | None = None) -> LoadedConfig:
-    """Load, merge and resolve a config. Raises ConfigError listing every problem."""
+def load_config(
+    path: str | Path, overrides: Sequence[str] = (), cwd: str | Path | None = None, *, use_v1: bool = False
+) -> LoadedConfig:
+    """Load, merge and resolve a config. Raises ConfigError listing every problem.
+
+    ``use_v1``: USE_V1 is set for the trainer, so the config is checked in the v1 schema; without it a
+    config with v1-only keys and no v0 one is recognised as v1 too (ftlaunch.plan.v1.schema_of)."""
     base = Path(cwd) if cwd is not None else Path.cwd()
     src = Path(path)
     src_abs = src if src.is_absolute() else base / src
@@ -180,8 +186,14 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), cwd: str | Path
         merged = dict(OmegaConf.to_container(OmegaConf.merge(node, *over)))
     except OmegaConfBaseException as exc:  # llamafactory-cli would stop here too
         raise ConfigError(problems + [f"overrides cannot be merged into {path}: {_one_line(exc)}"]) from None
-    problems += validate_keys(merged)
-    problems += validate_values(merged)
+    from ftlaunch.plan import v1
+
+    is_v1, mixed = v1.schema_of(merged, use_v1)
+    if is_v1:
+        problems += v1.validate(merged)
+    else:
+        problems += mixed or validate_keys(merged)
+        problems += validate_values(merged)
     if problems:
         raise ConfigError(problems)
     return LoadedConfig(
@@ -190,6 +202,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), cwd: str | Path
         base_dir=base.resolve(),
         overrides=tuple(overrides),
         meta=read_header(text),
+        v1=is_v1,
     )
 
 

@@ -74,8 +74,36 @@ def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path
     return hw
 
 
+def make_v1_plan(req: PlanRequest, env: Mapping[str, str], loaded: LoadedConfig) -> tuple[LoadedConfig, Plan]:
+    """A config of LLaMA-Factory's v1 trainer (USE_V1=1), planned in its own schema (ftlaunch.plan.v1)."""
+    from ftlaunch.plan import v1
+
+    values, problems, warnings = v1.resolve_paths(loaded.values, loaded.base_dir, strict=req.strict_files)
+    ds = None
+    dist = values.get("dist_config")
+    if not problems and isinstance(dist, dict) and dist.get("name") == "deepspeed" and dist.get("config_file"):
+        try:
+            ds = load_deepspeed({"deepspeed": dist["config_file"]})
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    if req.mirror:
+        warnings.append("--mirror: USE_V1 configs are not pre-downloaded yet; the trainer fetches `model` itself")
+    hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
+    options = PlanOptions(source_gpus=req.source_gpus, global_batch=req.global_batch, headroom=req.headroom)
+    p = v1.plan_v1(values, hw, options, meta=loaded.meta, deepspeed_config=ds)
+    if warnings:
+        p = Plan(**{**p.__dict__, "warnings": tuple(warnings) + p.warnings})
+    return loaded, p
+
+
 def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, Plan]:
-    loaded = load_config(req.config, req.overrides, cwd=req.cwd)
+    from ftlaunch.plan.v1 import env_wants_v1
+
+    loaded = load_config(req.config, req.overrides, cwd=req.cwd, use_v1=env_wants_v1(env))
+    if loaded.v1:
+        return make_v1_plan(req, env, loaded)
     values, problems, warnings = resolve_paths(loaded.values, loaded.base_dir, strict=req.strict_files)
     # train, schedule add and estimate (strict) size a training run; plan only shows what it would be.
     (problems if req.strict_files else warnings).extend(training_problems(values))
@@ -132,7 +160,7 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     chooser = None
     if spec is not None:
         chooser = make_memory_chooser(spec, ds, headroom=req.headroom, observed=learned.get("observed"))
-    p = plan(values, hw, options, meta=loaded.meta, memory_chooser=chooser)
+    p = plan(values, hw, options, meta=loaded.meta, memory_chooser=chooser, deepspeed_config=ds)
     resolved = [k for k in PATH_KEYS if k in values and loaded.values.get(k) != values.get(k)]
     if resolved:
         p = Plan(**{**p.__dict__, "extra": {**dict(p.extra), "resolved_paths": resolved}})

@@ -16,7 +16,9 @@ from ftlaunch.plan.planner import PlanOptions, global_batch_for, plan
 from ..conftest import EXAMPLES
 
 CONFIGS = sorted(
-    str(p.relative_to(EXAMPLES)) for p in (EXAMPLES / "examples").rglob("*.yaml") if "accelerate" not in p.parts
+    str(p.relative_to(EXAMPLES))
+    for p in (EXAMPLES / "examples").rglob("*.yaml")
+    if not {"accelerate", "v1"} & set(p.parts)  # v1 (USE_V1) configs: tests/plan/test_v1.py
 )
 assert len(CONFIGS) >= 7, "the vendored corpus under tests/data/corpus is incomplete"
 CARDS = ["V100-32GB", "T4", "A100-80GB", "A100-80GBx4", "none"]
