@@ -33,16 +33,23 @@ class Progress:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+def _step_of(rec: dict[str, Any]) -> Any:
+    # v0 (LLaMA-Factory's LogCallback) writes current_steps; the v1 trainer (USE_V1) writes step.
+    return rec.get("current_steps", rec.get("step"))
+
+
 def _is_step_record(rec: dict[str, Any]) -> bool:
-    steps = rec.get("current_steps")
+    steps = _step_of(rec)
     return isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0
 
 
 def parse_trainer_log(text: str | bytes) -> list[dict[str, Any]]:
     """Step records of trainer_log.jsonl. Torn, half-written and foreign lines are skipped (a line
-    being written right now is one of them); a record's ``current_steps`` is always an int."""
+    being written right now is one of them); a record's ``current_steps`` is always an int (a v1
+    trainer's ``step`` is read as it)."""
     data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
-    return json_lines(data, _is_step_record)[0]
+    records = json_lines(data, _is_step_record)[0]
+    return [r if "current_steps" in r else {**r, "current_steps": r["step"]} for r in records]
 
 
 def latest_progress(records: list[dict[str, Any]]) -> Progress:

@@ -57,6 +57,10 @@ _CONFIG_MESSAGES = re.compile(
 )
 
 
+# The line ftlaunch.run.slurm.rendezvous prints when the nodes did not reach each other in time.
+_RENDEZVOUS = re.compile(r"ftlaunch: rendezvous failed:[^\n]*")
+
+
 @dataclass(frozen=True)
 class Exit:
     kind: FailureKind | None  # None: success
@@ -89,6 +93,8 @@ def classify(returncode: int, log: str, *, stop_requested: bool = False) -> Exit
     oom = _last_match(_CUDA_OOM, log)
     if returncode == 0 and oom is None:
         return Exit(None, "training finished")
+    if rendezvous := _RENDEZVOUS.search(log):  # ftlaunch.run.slurm.rendezvous: the same nodes, the same network
+        return Exit(FailureKind.RENDEZVOUS, rendezvous.group(0).strip())
     if oom is not None:
         # Which loop ran out: the frames printed just before the error name it.
         before = log[max(0, oom.start() - 8000) : oom.start()]
@@ -245,6 +251,23 @@ def oom_step(
     return _micro_edit(choice, total)
 
 
+def is_v1(config: dict[str, Any]) -> bool:
+    """A config of LLaMA-Factory's v1 trainer (USE_V1): its batch keys are micro_batch_size and
+    global_batch_size, and it knows none of the v0 keys the ladder edits."""
+    return "micro_batch_size" in config and "per_device_train_batch_size" not in config
+
+
+def _v1_oom_step(config: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """v1: a smaller micro_batch_size (v1 derives the accumulation from global_batch_size, which stays)."""
+    micro = int(config.get("micro_batch_size") or 1)
+    total = int(config.get("global_batch_size") or micro)
+    below = [d for d in divisors_desc(total) if d < micro] or ([micro // 2] if micro > 1 else [])
+    if not below:
+        return None
+    choice = next((d for d in below if d <= micro / 2), below[-1])
+    return {"micro_batch_size": choice}, f"micro_batch_size {choice} (global_batch_size {total} kept)"
+
+
 def next_to_try(config: dict[str, Any], offload_ok: bool) -> str:
     """What a person could try after the ladder gave up (the give-up message says it)."""
     ideas = ["LoRA or QLoRA (finetuning_type: lora, quantization_bit: 4)", "a shorter cutoff_len", "more GPUs"]
@@ -316,6 +339,8 @@ def _decide(
         return Decision(Action.STOP, "stopped by the user; resume with `ftlaunch resume`", budget=budget)
     if ex.kind in (FailureKind.CONFIG, FailureKind.SETUP):
         return Decision(Action.FAIL, f"{ex.message} (a config error: not retried)", budget=budget)
+    if ex.kind is FailureKind.RENDEZVOUS:  # a retry meets the same addresses and network
+        return Decision(Action.FAIL, f"{ex.message} (not retried)", budget=budget)
     if ex.kind is FailureKind.DISK_FULL:  # retrying writes the same checkpoint into the same full disk
         return Decision(Action.FAIL, f"{ex.message} (not retried)", budget=budget, ends=RunStatus.DISK_FULL)
     if not recover:
@@ -329,7 +354,17 @@ def _decide(
         n = len(tried)
         retries_left = budget.oom_max - n + 1
         spent = replace(budget, oom_used=n, tried=tried)
-        if ex.kind is FailureKind.EVAL_OOM:
+        if is_v1(config):
+            v1 = _v1_oom_step(config)
+            if v1 is None:
+                return Decision(
+                    Action.FAIL,
+                    "out of memory at micro_batch_size 1 (a USE_V1 config): this config does not fit this card"
+                    + next_to_try(config, offload_ok),
+                    budget=spent,
+                )
+            edits, what = v1
+        elif ex.kind is FailureKind.EVAL_OOM:
             ev = int(config.get("per_device_eval_batch_size", 8) or 8)
             if ev <= 1:
                 return Decision(Action.FAIL, "OOM during evaluation at eval batch 1: giving up", budget=spent)
@@ -346,7 +381,7 @@ def _decide(
                     budget=spent,
                 )
             edits, what = step_
-        micro = config.get("per_device_train_batch_size")
+        micro = config.get("micro_batch_size" if is_v1(config) else "per_device_train_batch_size")
         label = "OOM in evaluation" if ex.kind is FailureKind.EVAL_OOM else "OOM"
         count = f"[{n}/{budget.oom_max}]" if n <= budget.oom_max else f"[{n}/{budget.oom_max}, bottom of the ladder]"
         msg = f"{count} {label}{where} (micro-batch {micro}): retrying with {what} {origin}"

@@ -382,3 +382,20 @@ def test_the_oom_ladders_offload_rung_keeps_the_plans_processes(tmp_path, monkey
     cfgs = configs_seen(tmp_path)
     assert cfgs[1]["per_device_train_batch_size"] == 1 and "offload" in str(cfgs[2].get("deepspeed"))
     assert read_state(run_dir).trainer_env["NPROC_PER_NODE"] == "4"
+
+
+def test_a_v1_trainers_step_records_count_as_progress():
+    from ftlaunch.run.progress import latest_progress, parse_trainer_log
+
+    text = '{"loss": 2.5, "step": 1, "total_steps": 4}\n{"loss": 2.1, "step": 2, "total_steps": 4}\n'
+    recs = parse_trainer_log(text)
+    assert [r["current_steps"] for r in recs] == [1, 2]
+    assert latest_progress(recs).step == 2 and latest_progress(recs).total_steps == 4
+
+
+def test_the_oom_ladder_of_a_v1_config_edits_v1_keys_only():
+    oom = Exit(FailureKind.CUDA_OOM, "CUDA out of memory")
+    d = decide(oom, {"micro_batch_size": 8, "global_batch_size": 64}, Budget())
+    assert d.action is Action.RETRY and d.edits == {"micro_batch_size": 4}
+    end = decide(oom, {"micro_batch_size": 1, "global_batch_size": 64}, Budget())
+    assert end.action is Action.FAIL and "USE_V1" in end.message
