@@ -107,11 +107,12 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--no-recover", is_flag=True, default=None, help="Never retry: a failure ends the run.")(f)
     f = click.option(
         "--on-diverge",
-        type=click.Choice(["rollback", "stop", "ignore"]),
+        type=click.Choice(["rollback", "rollback-or-restart", "stop", "ignore"]),
         default="rollback",
         show_default=True,
-        help="When the loss goes non-finite or spikes: roll back to the last good checkpoint with a lower "
-        "learning rate (at most 2 times), stop, or only record it (docs/health.md).",
+        help="When the loss goes non-finite, spikes or goes dead: roll back to the last clean checkpoint with "
+        "a lower learning rate (at most 2 times; none left: the run ends diverged), the same but restart from "
+        "the base model when none is left, stop, or only record it (docs/health.md).",
     )(f)
     f = click.option(
         "--stall-timeout",

@@ -40,11 +40,15 @@ class Signal(StrEnum):
     HIDDEN_NAN = "hidden_nan_loss"  # loss exactly 0.0 after a positive one: logging_nan_inf_filter
     NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
     LOSS_SPIKE = "loss_spike"
+    HUGE_SPIKE = "huge_loss_spike"  # one loss orders of magnitude above the attempt's first ones
     SCALER_SKIPS = "scaler_skips"  # fp16: the loss scaler skipped step after step
+    ZERO_GRAD_NORM = "zero_grad_norm"  # grad_norm exactly 0, step after step: a dead model
+    FLAT_LOSS = "flat_loss"  # the same loss to float precision, step after step: a dead model
 
 
 class OnDiverge(StrEnum):
-    ROLLBACK = "rollback"
+    ROLLBACK = "rollback"  # to a clean checkpoint; none left: the run ends diverged
+    ROLLBACK_OR_RESTART = "rollback-or-restart"  # the same, and from the base model when none is left
     STOP = "stop"
     IGNORE = "ignore"
 
@@ -61,6 +65,16 @@ class Thresholds:
     # scale on each overflow, so a few skips while it settles are normal; ten in a row is a collapse.
     max_scaler_skips: int = 10
     zero_loss_is_nan: bool = True
+    # One loss this many times the median of the attempt's first `min_history` losses is a divergence
+    # at once, whatever the history (real lr 1e3: 6.2 at step 1, 2.1e7 at step 2).
+    huge_spike_factor: float = 100.0
+    # Records in a row with grad_norm exactly 0, or with the same loss to `flat_rtol`, that make a dead
+    # run (real lr 1e4: grad_norm 0 and loss 6.2106008 +- 5e-7 from step 2 on).
+    dead_steps: int = 5
+    flat_rtol: float = 1e-5
+    # A checkpoint's weights are blown up above this x the reference's max |w| (the base model's, or
+    # the previous clean checkpoint's for adapters); the real lr 1e4 run: 3.6e4 x the base.
+    weight_factor: float = 100.0
 
 
 def thresholds_from(text: str | None) -> Thresholds:
@@ -107,6 +121,11 @@ class Verdict:
     since_spike: int | None = None  # records since the last spike (None: none yet)
     skips: tuple[BadRecord, ...] = ()  # fp16: the current run of non-finite grad_norms
     seen_positive_loss: bool = False
+    first_step: int | None = None  # the attempt's first logged training step
+    first_losses: tuple[float, ...] = ()  # the attempt's first `min_history` finite losses
+    zero_grads: tuple[BadRecord, ...] = ()  # the current run of grad_norm == 0
+    flat: tuple[BadRecord, ...] = ()  # the current run of equal losses (its first is the reference)
+    good_steps: tuple[int, ...] = ()  # the last good record steps, newest last (a late grad_norm moves back)
 
     @property
     def diverged(self) -> bool:
@@ -156,8 +175,18 @@ def _step_of(rec: Mapping[str, Any]) -> int | None:
 def _bad(v: Verdict, b: BadRecord, records: int) -> Verdict:
     good = v.last_good_step
     if good is not None and b.step is not None and good >= b.step:  # a console grad_norm arrived late
-        good = b.step - 1
-    return replace(v, health=Health.DIVERGED, first_bad=b, last_good_step=good, records=records, spikes=(), skips=())
+        good = max((s for s in v.good_steps if s < b.step), default=None)
+    return replace(
+        v,
+        health=Health.DIVERGED,
+        first_bad=b,
+        last_good_step=good,
+        records=records,
+        spikes=(),
+        skips=(),
+        zero_grads=(),
+        flat=(),
+    )
 
 
 def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *, fp16: bool = False) -> Verdict:
@@ -172,6 +201,9 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
     has_loss = "loss" in rec
     loss = as_number(rec.get("loss"))
     grad = as_number(rec.get("grad_norm")) if "grad_norm" in rec else None
+    first_step = v.first_step if v.first_step is not None or not has_loss else step
+    if first_step != v.first_step:
+        v = replace(v, first_step=first_step)
     if has_loss and (loss is None or not math.isfinite(loss)):
         return _bad(v, BadRecord(step, Signal.NONFINITE_LOSS, {"loss": _shown(rec.get("loss"))}), n)
     if loss is not None and loss == 0.0 and v.seen_positive_loss and t.zero_loss_is_nan:
@@ -188,9 +220,31 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
             return _bad(v, replace(first, values={**first.values, "consecutive": len(skips)}), n)
     else:
         skips = ()
+    zero_grads = v.zero_grads
+    if "grad_norm" in rec and grad is not None:
+        # A dead model: the optimizer has nothing to follow. Exactly 0, as HF logs it ('0').
+        zero_grads = (*zero_grads, BadRecord(step, Signal.ZERO_GRAD_NORM, {"grad_norm": 0.0})) if grad == 0 else ()
+        if len(zero_grads) >= t.dead_steps:
+            first = zero_grads[0]
+            return _bad(v, replace(first, values={**first.values, "consecutive": len(zero_grads)}), n)
     if loss is None:
-        return replace(v, records=n, skips=skips)
+        return replace(v, records=n, skips=skips, zero_grads=zero_grads)
     positive = v.seen_positive_loss or loss > 0
+    firsts = v.first_losses
+    ref = statistics.median(firsts) if firsts else 0.0
+    if ref > 0 and loss > t.huge_spike_factor * ref:
+        return _bad(v, BadRecord(step, Signal.HUGE_SPIKE, {"loss": loss, "first_losses": round(ref, 6)}), n)
+    if len(firsts) < t.min_history:
+        firsts = (*firsts, loss)
+    flat = v.flat
+    if flat and abs(loss - flat[0].values["loss"]) <= t.flat_rtol * abs(flat[0].values["loss"]):
+        flat = (*flat, BadRecord(step, Signal.FLAT_LOSS, {"loss": loss}))
+    else:
+        flat = (BadRecord(step, Signal.FLAT_LOSS, {"loss": loss}),)
+    if len(flat) >= t.dead_steps:
+        first = flat[0]
+        return _bad(v, replace(first, values={**first.values, "consecutive": len(flat)}), n)
+    v = replace(v, first_losses=firsts, flat=flat, zero_grads=zero_grads)
     if len(v.recent) >= t.min_history:
         median = statistics.median(v.recent)
         if median > 0 and loss > t.spike_factor * median:
@@ -209,6 +263,7 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
                 seen_positive_loss=positive,
             )
     # A good record: it extends the median's window and is a candidate rollback point.
+    known_good = step is not None and not skips
     since = None if v.since_spike is None else v.since_spike + 1
     spiky = since is not None and since < t.window
     return replace(
@@ -220,7 +275,9 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
         since_spike=since if spiky else None,
         skips=skips,
         # Inside a run of fp16 skips the step is not yet known good: the run may become the divergence.
-        last_good_step=step if step is not None and not skips else v.last_good_step,
+        # (A run of zero grad_norms or equal losses that becomes one moves the last good step back, _bad.)
+        last_good_step=step if known_good else v.last_good_step,
+        good_steps=(*v.good_steps, step)[-64:] if known_good else v.good_steps,
         seen_positive_loss=positive,
     )
 
@@ -303,7 +360,110 @@ def remedy(n: int, config: Mapping[str, Any], *, fp32_fits: bool = False) -> Rem
 class Checkpoint:
     step: int
     name: str
-    clean: bool  # its own log_history shows no divergence
+    clean: bool  # a rollback target: its history, the record after it and its weights are all good
+    why: str = ""  # why not, in words (the message says it)
+    aside_as: str = "diverged"  # the prefix it is set aside under: diverged, badweights, unverified
+
+
+def _history_steps(hist: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in hist if "loss" in r or "grad_norm" in r]
+
+
+def judge_checkpoints(
+    verdict: Verdict,
+    checkpoints: Iterable[tuple[int, str, list[dict] | None]],
+    t: Thresholds = Thresholds(),
+    *,
+    fp16: bool = False,
+) -> list[Checkpoint]:
+    """Which complete checkpoints (step, name, trainer_state.json log_history) the records call clean.
+
+    A checkpoint is clean only if its own history is clean *and* the first record logged after it is:
+    that record's loss and grad_norm come from the weights it holds (real lr 1e8: checkpoint-2's
+    history is finite, its weights are NaN, and step 3 says so). For a checkpoint this attempt trained
+    from or past, that record is in this attempt's verdict (clean when a good record follows it); for an
+    older one, in the log_history of the checkpoint this attempt resumed from. Weights are judged
+    after this, by ``weights_problem``."""
+    cks = sorted(checkpoints, key=lambda c: c[0])
+    first = verdict.first_step
+    resumed = max((s for s, _, _ in cks if first is not None and s < first), default=0)
+    later = {s: h for s, _, h in cks}
+    good = verdict.last_good_step
+    bad = verdict.first_bad.step if verdict.first_bad else None
+    out = []
+    for step, name, hist in cks:
+        if hist is None:
+            out.append(Checkpoint(step, name, False, "its trainer_state.json is unreadable", "unverified"))
+            continue
+        if judge(_history_steps(hist), t, fp16=fp16).diverged:
+            out.append(Checkpoint(step, name, False, "its own log_history shows the divergence"))
+            continue
+        if bad is not None and step >= bad:
+            out.append(Checkpoint(step, name, False, f"written at or after the first bad record (step {bad})"))
+            continue
+        if step >= resumed:
+            if good is None or step >= good:
+                nxt = f"the record after it (step {bad})" if bad is not None else "no good record after it"
+                out.append(Checkpoint(step, name, False, f"its weights gave {nxt}" if bad else nxt))
+            else:
+                out.append(Checkpoint(step, name, True))
+            continue
+        ref = _history_steps(later.get(resumed) or [])
+        upto = next((i for i, r in enumerate(ref) if _step_of(r) is not None and _step_of(r) > step), None)
+        if upto is None:
+            out.append(Checkpoint(step, name, False, "no record after it is known", "unverified"))
+        elif judge(ref[: upto + 1], t, fp16=fp16).diverged:
+            out.append(Checkpoint(step, name, False, f"its weights gave a bad record (step {_step_of(ref[upto])})"))
+        else:
+            out.append(Checkpoint(step, name, True))
+    return out
+
+
+def weights_problem(scan: Mapping[str, Any], ref: Mapping[str, Any] | None, factor: float) -> str | None:
+    """Why a checkpoint's weight scan (ftlaunch/run/weights_child.py) rules it out, or None.
+
+    Non-finite values, or a max |w| over the tensors sampled in both above ``factor`` x the reference's
+    (the base model, or the previous clean checkpoint). No scan (no safetensors): nothing to say."""
+    if not scan or scan.get("error") or not scan.get("elements"):
+        return None
+    if scan.get("nonfinite"):
+        return f"weights: {scan['nonfinite']} non-finite of {scan['elements']} sampled values"
+    if not ref:
+        return None
+    mine, theirs = scan.get("tensors") or {}, ref.get("tensors") or {}
+    common = [k for k in mine if k in theirs]
+    if not common:
+        return None
+    top = max(abs(float(mine[k])) for k in common)
+    base = max(abs(float(theirs[k])) for k in common)
+    if base > 0 and top > factor * base:
+        label = ref.get("label", "reference")
+        return f"weights blown up: max |w| {top:.3g}, {top / base:.3g} x the {label}'s {base:.3g}"
+    return None
+
+
+def judge_weights(
+    checkpoints: Iterable[Checkpoint],
+    scans: Mapping[str, Mapping[str, Any]],
+    base: Mapping[str, Any] | None,
+    factor: float,
+) -> list[Checkpoint]:
+    """Rule out the clean-by-records checkpoints whose weight scan is bad. Each is compared with the
+    base model where they share tensors (full fine-tuning), else with the previous clean checkpoint
+    (adapters: LoRA's B starts at zero, so the base says nothing)."""
+    out: list[Checkpoint] = []
+    prev: Mapping[str, Any] | None = None
+    for c in sorted(checkpoints, key=lambda c: c.step):
+        scan = scans.get(c.name)
+        if c.clean and scan:
+            shares = base is not None and set(scan.get("tensors") or {}) & set(base.get("tensors") or {})
+            why = weights_problem(scan, {**base, "label": "base model"} if shares and base else prev, factor)
+            if why:
+                c = replace(c, clean=False, why=why, aside_as="badweights")
+            elif not scan.get("error"):
+                prev = {**scan, "label": f"previous clean checkpoint ({c.name})"}
+        out.append(c)
+    return out
 
 
 class Response(StrEnum):
@@ -311,7 +471,7 @@ class Response(StrEnum):
 
     ROLLBACK = "rollback"
     STOP = "stop"  # by policy (--on-diverge stop)
-    GIVE_UP = "give_up"  # rollbacks spent
+    GIVE_UP = "give_up"  # rollbacks spent, or no clean checkpoint left and no restart allowed
     IGNORE = "ignore"  # --on-diverge ignore
 
 
@@ -319,14 +479,18 @@ class Response(StrEnum):
 class Decision:
     action: Response
     message: str
-    resume_from: str | None = None  # None: from the start
-    set_aside: tuple[str, ...] = ()  # checkpoints at or after the first bad record
+    resume_from: str | None = None  # None: from the base model
+    set_aside: tuple[tuple[str, str], ...] = ()  # (checkpoint, prefix): every one after the target
     changes: tuple[Change, ...] = ()
     remedy: str = ""  # the rung applied, in words
 
     @property
     def edits(self) -> dict[str, Any]:
         return {c.key: c.new for c in self.changes}
+
+
+def _rejected(cks: Iterable[Checkpoint]) -> str:
+    return "; ".join(f"{c.name}: {c.why}" for c in cks if not c.clean and c.why)
 
 
 def decide(
@@ -340,42 +504,45 @@ def decide(
     fp32_fits: bool = False,
     tried: Iterable[str] = (),
 ) -> Decision:
-    """Roll back to the newest clean checkpoint written before the first bad record, or stop.
+    """Roll back to the newest clean checkpoint (``judge_checkpoints`` and the weight scan), from the
+    base model when none is left and the policy allows it, or stop.
 
-    Newer checkpoints are set aside in every case (they may hold garbage weights), never deleted.
+    Every checkpoint after the target (all of them when there is none) is set aside, never deleted.
     """
     where = verdict.message()
     if policy is OnDiverge.IGNORE:
         return Decision(Response.IGNORE, f"{where}; --on-diverge ignore: training on")
-    limit = verdict.last_good_step
-    if limit is None:  # the attempt's first record was bad: it resumed from a checkpoint before it
-        step = verdict.first_bad.step if verdict.first_bad else None
-        limit = step - 1 if step else 0
-    good: Checkpoint | None = None
-    aside = []
-    for ck in sorted(checkpoints, key=lambda c: c.step):
-        if ck.step <= limit and ck.clean:
-            good = ck
-        else:
-            aside.append(ck)
-    # A clean checkpoint older than a bad one is still fine; only those after `good` go aside.
-    aside_names = tuple(c.name for c in aside if good is None or c.step > good.step)
-    origin = f"from {good.name}" if good else "from the start (no clean checkpoint before it)"
+    cks = sorted(checkpoints, key=lambda c: c.step)
+    good = next((c for c in reversed(cks) if c.clean), None)
+    aside = tuple((c.name, c.aside_as) for c in cks if good is None or c.step > good.step)
+    rejected = _rejected(c for c in cks if good is None or c.step > good.step)
+    none_left = "no clean checkpoint remains" + (f" ({rejected})" if rejected else " (none was written before it)")
+    target = good.name if good else None
     if policy is OnDiverge.STOP:
-        return Decision(Response.STOP, f"{where}; --on-diverge stop: stopped", good.name if good else None, aside_names)
+        return Decision(Response.STOP, f"{where}; --on-diverge stop: stopped", target, aside)
     n = rollbacks_used + 1
     if n > max_rollbacks:
         done = "; ".join(tried) or "nothing"
         return Decision(
             Response.GIVE_UP,
-            f"{where}; diverged again after {max_rollbacks} rollbacks (tried: {done}): giving up. Every "
-            "checkpoint is kept; those after the divergence are set aside as diverged-checkpoint-*",
-            good.name if good else None,
-            aside_names,
+            f"{where}; diverged again after {max_rollbacks} rollbacks (tried: {done}): giving up",
+            target,
+            aside,
+        )
+    if good is None and policy is not OnDiverge.ROLLBACK_OR_RESTART:
+        return Decision(
+            Response.GIVE_UP,
+            f"{where}; {none_left}: not restarting from the base model (--on-diverge rollback-or-restart would)",
+            None,
+            aside,
         )
     r = remedy(n, config, fp32_fits=fp32_fits)
+    if good is None:
+        origin = f"from the base model ({none_left})"
+    else:
+        origin = f"from {good.name}" + (f" ({rejected})" if rejected else "")
     msg = f"[{n}/{max_rollbacks}] {where}: rolling back {origin} with {r.what}, global batch unchanged"
-    return Decision(Response.ROLLBACK, msg, good.name if good else None, aside_names, r.changes, r.what)
+    return Decision(Response.ROLLBACK, msg, target, aside, r.changes, r.what)
 
 
 def fp32_fits(memory: Mapping[str, Any] | None) -> bool:

@@ -1,8 +1,11 @@
 """The file side of a rollback after a divergence: read checkpoints, set them aside, lower the lr.
 
 Decisions are ``ftlaunch.run.health.decide``; this module only touches the output_dir, and never deletes
-a checkpoint: checkpoints written after the divergence are renamed ``diverged-checkpoint-N-<time>``,
-a final model saved by a diverged attempt goes into ``diverged-final-<time>/``.
+a checkpoint: checkpoints after the rollback target are renamed after why: ``diverged-checkpoint-N-<time>`` (the
+records say so: written after the first bad record, or the record after it is bad),
+``badweights-checkpoint-N-<time>`` (the weight scan: non-finite or blown up), ``unverified-...`` (no
+record to judge it by); a final model saved by a diverged attempt goes into ``diverged-final-<time>/``.
+The weight scan is ``weights_child.py``, run by path with the trainer's Python (numpy, no torch).
 
 Why the lr needs more than a config edit (measured, llamafactory 0.9.5 / transformers 5): resuming
 restores the learning rate from the checkpoint's ``scheduler.pt`` (``base_lrs``) and ``optimizer.pt``
@@ -35,8 +38,9 @@ from ftlaunch.run.health import (
     Verdict,
     decide,
     fp32_fits,
-    history_is_clean,
     judge,
+    judge_checkpoints,
+    judge_weights,
     parse_console,
     thresholds_from,
 )
@@ -97,22 +101,57 @@ def read_history(ckpt: Path) -> list[dict] | None:
     return hist if isinstance(hist, list) else None
 
 
-def checkpoints_of(complete: Iterable[tuple[int, Path]], t: Thresholds, *, fp16: bool) -> list[Checkpoint]:
-    """Complete checkpoints, each judged on its own trainer_state.json log_history."""
-    out = []
-    for step, path in complete:
-        hist = read_history(path)
-        out.append(Checkpoint(step, path.name, hist is not None and history_is_clean(hist, t, fp16=fp16)))
-    return out
+WEIGHTS_CHILD = Path(__file__).with_name("weights_child.py")
 
 
-def set_aside(output_dir: Path, names: Iterable[str], stamp: int, prefix: str = "diverged") -> list[str]:
-    """Rename (never delete): llamafactory resumes from the last ``checkpoint-N`` by name."""
+def checkpoints_of(
+    complete: Iterable[tuple[int, Path]],
+    verdict: Verdict,
+    t: Thresholds,
+    *,
+    fp16: bool,
+    scan: Callable[[list[tuple[str, str]]], dict[str, Any]] | None = None,
+    base: str | None = None,
+) -> list[Checkpoint]:
+    """Complete checkpoints, judged on their own history, the record after each and (with ``scan``)
+    their weights against the base model's (``base``: model_name_or_path)."""
+    complete = list(complete)
+    cks = judge_checkpoints(verdict, [(s, p.name, read_history(p)) for s, p in complete], t, fp16=fp16)
+    candidates = [(c.name, str(p)) for c, (_, p) in zip(cks, complete, strict=True) if c.clean]
+    if scan is None or not candidates:
+        return cks
+    found = scan(candidates + ([("\0base", base)] if base else []))
+    return judge_weights(cks, found, found.get("\0base"), t.weight_factor)
+
+
+def scan_weights(python: str, folders: list[tuple[str, str]], timeout: float = 300) -> dict[str, Any]:
+    """{label: scan} from weights_child.py in ``python``; {} when it cannot run (nothing ruled out, said)."""
+    import tempfile
+
+    spec = {"folders": [{"label": label, "path": path} for label, path in folders]}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    try:
+        r = subprocess.run([python, str(WEIGHTS_CHILD), f.name], capture_output=True, text=True, timeout=timeout)
+        found = json.loads(r.stdout) if r.returncode == 0 else {}
+    except (OSError, subprocess.SubprocessError, ValueError):
+        found = {}
+    finally:
+        os.unlink(f.name)
+    return found if isinstance(found, dict) else {}
+
+
+def set_aside(
+    output_dir: Path, names: Iterable[str | tuple[str, str]], stamp: int, prefix: str = "diverged"
+) -> list[str]:
+    """Rename (never delete): llamafactory resumes from the last ``checkpoint-N`` by name. Each name
+    may carry its own prefix (why it is set aside)."""
     moved = []
-    for name in names:
+    for item in names:
+        name, why = (item, prefix) if isinstance(item, str) else item
         src = output_dir / name
         if src.is_dir():
-            target = free_name(output_dir, f"{prefix}-{name}-{stamp}")
+            target = free_name(output_dir, f"{why}-{name}-{stamp}")
             src.rename(target)
             moved.append(f"{name} -> {target.name}")
     return moved
@@ -293,11 +332,22 @@ class HealthWatch:
         plan = read_json(self.run_dir / "plan.json")
         tried = self.tried()
         complete = [(s, p) for s, p in checkpoint_dirs(out) if not checkpoint_problems(p, weights_only)]
+        python = python_of(self._trainer())
+        t0 = time.monotonic()
+        cks = checkpoints_of(
+            complete,
+            self.verdict,
+            self.thresholds,
+            fp16=self.fp16,
+            scan=lambda folders: scan_weights(python, folders),
+            base=str(values.get("model_name_or_path") or "") or None,
+        )
+        scanned = time.monotonic() - t0
         d = decide(
             self.verdict,
             self.policy,
             values,
-            checkpoints_of(complete, self.thresholds, fp16=self.fp16),
+            cks,
             rollbacks_used=len(tried),
             fp32_fits=fp32_fits(plan.get("memory")),
             tried=tried,
@@ -306,14 +356,22 @@ class HealthWatch:
         moved = set_aside(out, d.set_aside, stamp) + set_aside_final(out, stamp)
         if moved:
             append_event(self.run_dir, "checkpoint_set_aside", reason="diverged", moved=moved)
+        why = {c.name: c.why for c in cks}
+        listed = [f"{m} ({why[m.split(' -> ')[0]]})" if why.get(m.split(" -> ")[0]) else m for m in moved]
+        aside = {name for name, _ in d.set_aside}
+        kept = [c.name for c in sorted(cks, key=lambda c: c.step) if c.name not in aside]
         if d.action is Response.ROLLBACK and "learning_rate" in d.edits and d.resume_from:
-            err = scale_lr(out, d.resume_from, d.edits["learning_rate"], python_of(self._trainer()), stamp)
+            err = scale_lr(out, d.resume_from, d.edits["learning_rate"], python, stamp)
             if err:
                 d = replace(
                     d,
                     action=Response.GIVE_UP,
                     message=f"{d.message}; but the lr in {d.resume_from} could not be lowered ({err}): giving up",
                 )
+        tail = f"set aside: {', '.join(listed)}" if listed else "nothing set aside"
+        if d.action is not Response.ROLLBACK:
+            tail += f"; every checkpoint is kept; left in place: {', '.join(kept) or 'none'}"
+        d = replace(d, message=f"{d.message}; {tail}")
         if d.action is Response.ROLLBACK:
             append_event(
                 self.run_dir,
@@ -322,12 +380,13 @@ class HealthWatch:
                 edits=d.edits,
                 message=d.message,
                 remedy=d.remedy,
+                weight_scan_s=round(scanned, 3),
             )
         target = next((s for s, p in complete if p.name == d.resume_from), None)  # set-aside ones are gone
         update_state(
             self.run_dir, health=self.verdict.to_dict(), diverged=self.verdict.to_dict(), last_checkpoint=target
         )
-        self.say(f"ftlaunch: {d.message}" + (f"; set aside: {', '.join(moved)}" if moved else ""))
+        self.say(f"ftlaunch: {d.message}")
         return d
 
 
