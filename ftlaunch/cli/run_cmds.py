@@ -65,6 +65,17 @@ def _how_to_watch(run_dir: Path, stop_note: str = "") -> None:
 @click.option("--time", "time_limit", help="--slurm: the time limit, e.g. 24:00:00 (a requeue resumes past it).")
 @click.option("--account", help="--slurm: the account to charge.")
 @click.option("--sbatch-arg", "sbatch_args", multiple=True, help="--slurm: one more #SBATCH option (repeatable).")
+@click.option(
+    "--master-addr",
+    help="--slurm: the address every node reaches the first one at [default: its NodeAddr from scontrol].",
+)
+@click.option(
+    "--rendezvous-timeout",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    help="--slurm: seconds for every node to reach MASTER_ADDR before an attempt fails as `rendezvous` (0: no check).",
+)
 def train(
     config: str,
     overrides: tuple[str, ...],
@@ -78,6 +89,8 @@ def train(
     time_limit: str | None,
     account: str | None,
     sbatch_args: tuple[str, ...],
+    master_addr: str | None,
+    rendezvous_timeout: float,
     simulate: bool | None,
     **kw: Any,
 ) -> None:
@@ -87,7 +100,8 @@ def train(
     By default the run is detached: it survives the shell and SSH; follow it with `ftlaunch logs -f`.
 
     With --slurm, the run is a Slurm batch job over --nodes nodes of --gpu each (torchrun across
-    nodes, requeued and resumed when the time limit nears); status, logs, stop work as for any run.
+    nodes, requeued and resumed when the time limit nears); status, logs, stop work as for any run,
+    and resume submits it again. --gpu none: CPU nodes (fp32, gloo, one process per node).
 
     \b
     Examples:
@@ -95,6 +109,7 @@ def train(
       ftlaunch train cfg.yaml learning_rate=2e-5 --follow
       ftlaunch train cfg.yaml --foreground
       ftlaunch train cfg.yaml --slurm --nodes 2 --gpu A100-80GBx8 --partition gpu --time 24:00:00
+      ftlaunch train cfg.yaml --slurm --nodes 2 --gpu none --partition cpu
     """
     from ftlaunch.run.launch import start_run
     from ftlaunch.run.options import RunOptions
@@ -106,11 +121,16 @@ def train(
             raise click.UsageError("--slurm runs as a batch job: follow it with `ftlaunch logs -f`")
         from ftlaunch.run.slurm.sbatch import SlurmRequest
 
-        req = SlurmRequest(nodes, 0, partition, time_limit, account, tuple(sbatch_args))
+        req = SlurmRequest(
+            nodes, 0, partition, time_limit, account, tuple(sbatch_args),
+            master_addr=master_addr, rendezvous_timeout=rendezvous_timeout,
+        )  # fmt: skip
         _submit_slurm(config, overrides, opts, req, existing, as_json)
         return
-    if any((nodes != 1, partition, time_limit, account, sbatch_args)):
-        raise click.UsageError("--nodes, --partition, --time, --account and --sbatch-arg go with --slurm")
+    if any((nodes != 1, partition, time_limit, account, sbatch_args, master_addr)):
+        raise click.UsageError(
+            "--nodes, --partition, --time, --account, --sbatch-arg and --master-addr go with --slurm"
+        )
 
     started = start_run(
         opts.plan_request(config, overrides, strict=True),
@@ -268,6 +288,9 @@ def stop(run: str | None, grace: float) -> None:
 def resume(args: tuple[str, ...], foreground: bool, follow: bool | None, allow_global_batch_change: bool) -> None:
     """Re-attach to RUN if alive (follow its log); else restart it from its last complete checkpoint.
 
+    A Slurm run is never trained where `resume` is typed: while Slurm holds its job nothing is done
+    (the job resumes when it runs); else its job.sbatch is submitted again (sbatch).
+
     ARGS: [RUN] [key=value ...]. Overrides change the run's adapted config before it restarts
     (a run that gave up, resumed by hand after a change); the global batch should stay the same.
     While following, Ctrl-C stops following only; at the end it exits like `status`.
@@ -306,6 +329,15 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool | None, allow_g
         follow_and_exit(run_dir, tail_lines=FOLLOW_TAIL_LINES)
     elif resumed.outcome is ResumeOutcome.FINISHED:
         click.echo(f"run {run_dir.name} already succeeded; nothing to do")
+    elif resumed.outcome is ResumeOutcome.IN_SLURM:
+        click.echo(
+            f"run {run_dir.name} is Slurm job {resumed.job} ({str(resumed.slurm_state).lower()}): it resumes from its "
+            "last complete checkpoint when it runs; nothing submitted"
+        )
+        click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
+    elif resumed.outcome is ResumeOutcome.RESUBMITTED:
+        click.echo(f"run {run_dir.name} submitted again as Slurm job {resumed.job}; it resumes when the job runs")
+        click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
     elif resumed.outcome is ResumeOutcome.FOREGROUND:
         sys.exit(resumed.exit_code)
     else:

@@ -38,6 +38,9 @@ def _stop_slurm_job(run_dir: Path, job: str, grace: float) -> str | None:
     job_state = slurm.job_state(job, os.environ)
     if job_state not in slurm.ACTIVE_STATES:
         return None
+    # Before the scancel: the batch step reads it to tell this stop from Slurm's own SIGTERM
+    # (a requeue or a preemption), which must never read as a user's stop.
+    append_event(run_dir, "stop_requested", job_id=job, slurm_state=job_state)
     slurm.cancel(job, os.environ)
     append_event(run_dir, "scancel", job_id=job, slurm_state=job_state)
     if job_state in slurm.QUEUED_STATES:
@@ -134,6 +137,8 @@ class ResumeOutcome(StrEnum):
     FINISHED = "finished"  # it succeeded: nothing to do
     RESTARTED = "restarted"  # a new detached supervisor (``pid``)
     FOREGROUND = "foreground"  # restarted and run to its end here (``exit_code``)
+    IN_SLURM = "in_slurm"  # a Slurm run whose job Slurm still holds (``job``, ``slurm_state``): nothing done
+    RESUBMITTED = "resubmitted"  # a Slurm run submitted again through sbatch (``job``: the new job id)
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,8 @@ class Resumed:
     outcome: ResumeOutcome
     pid: int | None = None
     exit_code: int | None = None
+    job: str | None = None
+    slurm_state: str | None = None
 
 
 def resume_run(
@@ -165,6 +172,10 @@ def resume_run(
         raise  # another ftlaunch's state: not ours to rebuild over
     except StateError:
         state = rebuild_state(run_dir)
+    if state.slurm_job_id and env.get("SLURM_JOB_ID") != state.slurm_job_id:
+        # A Slurm run trains only inside its own job (the batch step resumes it there): from
+        # anywhere else, resume means sbatch again.
+        return _resume_in_slurm(run_dir, state, env, overrides, allow_global_batch_change)
     verdict = _resume_verdict(run_dir, state, overrides)
     if verdict is not None:
         return verdict
@@ -201,6 +212,62 @@ def resume_run(
     if foreground:
         return Resumed(ResumeOutcome.FOREGROUND, exit_code=started.exit_code)
     return Resumed(ResumeOutcome.RESTARTED, pid=started.pid)
+
+
+def _resume_in_slurm(
+    run_dir: Path, state: RunState, env: Mapping[str, str], overrides: tuple[str, ...], allow_global_batch_change: bool
+) -> Resumed:
+    """`resume` of a Slurm run from a login node: nothing while Slurm holds its job (it resumes when it
+    runs); else the same job.sbatch is submitted again (same run directory; the job resumes from the
+    last complete checkpoint). A job Slurm cannot answer for may be alive: refused, nothing submitted."""
+    from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock
+    from ftlaunch.run.slurm import sbatch as slurm
+
+    job = str(state.slurm_job_id)
+    info = slurm.query_job(job, env)
+    if not info.known:
+        raise BusyError(
+            f"run {run_dir.name}: Slurm did not answer for job {job}; it may still be alive, so nothing was submitted",
+            hint="try again once squeue works",
+        )
+    if info.active:
+        if overrides:
+            raise BusyError(
+                f"run {run_dir.name} is Slurm job {job} ({info.state}): its config cannot change under it",
+                hint=f"stop it first (`ftlaunch stop {run_dir.name}`), then resume with the change",
+            )
+        return Resumed(ResumeOutcome.IN_SLURM, job=job, slurm_state=info.state)
+    if state.status is RunStatus.SUCCEEDED:
+        return Resumed(ResumeOutcome.FINISHED, exit_code=0)
+    # No run of this machine may hold the output_dir now; the job's supervisor takes the lock itself.
+    try:
+        acquire_output_lock(env, state.output_dir or "", run_dir.name).close()
+    except OutputDirBusy as exc:
+        if exc.holder != run_dir.name:
+            raise
+        raise BusyError(f"run {run_dir.name} is being started by another process right now") from None
+    if overrides:
+        edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
+    last = prog.last_complete_checkpoint(Path(state.output_dir or ""))
+    new_job = slurm.submit(run_dir / "job.sbatch", {**env, "PWD": os.getcwd()})
+    frm = last[1].name if last else "the start"
+    update_state(
+        run_dir,
+        status=RunStatus.QUEUED,
+        slurm_job_id=new_job,
+        budget=state.budget.refilled(),
+        pid=None,
+        trainer_pid=None,
+        failure_kind=None,
+        exit_code=None,
+        ended=None,
+        message=f"resubmitted as Slurm job {new_job}; resumes from {frm} when it runs",
+    )
+    append_event(
+        run_dir, "resubmitted", job_id=new_job, previous_job=job, previous=state.status.value,
+        slurm_state=info.state, from_checkpoint=last[1].name if last else None,
+    )  # fmt: skip
+    return Resumed(ResumeOutcome.RESUBMITTED, job=new_job)
 
 
 def _end_orphans(run_dir: Path, env: Mapping[str, str], output_dir: str, state: RunState, grace: float = 30.0) -> None:

@@ -77,6 +77,7 @@ class FailureKind(StrEnum):
     STALLED = "stalled"  # no progress within the stall timeout: stacks dumped, group stopped
     NO_PROGRESS = "no_progress"  # the restart brake ended the run
     DISK_FULL = "disk_full"  # ENOSPC (or the free space check before a save)
+    RENDEZVOUS = "rendezvous"  # the nodes of a multi-node job could not reach each other in time
 
 
 @dataclass(frozen=True)

@@ -99,19 +99,23 @@ def stall_view(state: RunState, now: float, live: bool) -> dict[str, Any]:
 def _slurm_status(
     job_id: str, recorded: RunStatus, live: Liveness, env: Mapping[str, str]
 ) -> tuple[RunStatus, str | None]:
-    """A Slurm run: queued/starting while Slurm holds the job and no supervisor has taken over;
-    the supervisor's own status while the job runs; lost if the job ended without a final status."""
+    """A Slurm run: queued/starting while Slurm holds the job and no supervisor has taken over; the
+    supervisor's own status while the job runs; lost when Slurm no longer runs the job and no final
+    status was written. From squeue and scontrol, so it works without accounting (sacct); when no
+    Slurm command answers, the recorded status stands (it may be alive: fail closed). The local pid
+    says nothing here: the supervisor runs on the job's first node."""
     from ftlaunch.run.slurm import sbatch as slurm
 
-    job_state = slurm.job_state(job_id, env)
+    info = slurm.query_job(job_id, env)
+    job_state = info.state
+    if not info.known:
+        return recorded, None
     if job_state in slurm.ACTIVE_STATES:
         if recorded in (RunStatus.RUNNING, RunStatus.RECOVERING) and job_state not in slurm.QUEUED_STATES:
             return recorded, job_state
         return RunStatus(slurm.status_of(job_state) or recorded.value), job_state
-    if recorded.is_terminal() or live is not Liveness.DEAD:
+    if recorded.is_terminal():
         return recorded, job_state
-    if job_state == "CANCELLED":
-        return RunStatus.STOPPED, job_state
     return RunStatus.LOST, job_state
 
 

@@ -1,10 +1,19 @@
 """The batch step of a Slurm run (`python -m ftlaunch.run.slurm.job RUN_DIR`, from job.sbatch).
 
-Runs the supervisor as a child, exactly as on one machine (first start: the supervisor; a requeued
-job: `ftlaunch resume RUN --foreground`, which restarts from the last complete checkpoint). Slurm's
-warning before the time limit (USR1, from `--signal=B:USR1@N`) stops the trainer gracefully through
-the supervisor and requeues the job; SIGTERM (scancel) stops it for good. Signal handlers only
-record; the loop acts.
+Runs on the first node of the allocation. Chooses MASTER_ADDR there (--master-addr, else the node's
+NodeAddr from `scontrol show node`, resolved on this node; no address: the run fails at once with
+the reason, `rendezvous`), then runs the supervisor as a child, exactly as on one machine (first
+start: the supervisor; a requeued or resubmitted job: `ftlaunch resume RUN --foreground`, which
+restarts from the last complete checkpoint).
+
+Signals (handlers only record; the loop acts):
+- USR1 (`--signal=B:USR1@N`, the time limit nears): the trainer is stopped gracefully through the
+  supervisor and the job requeued by us;
+- SIGTERM: `ftlaunch stop` (it writes a `stop_requested` event before its scancel): stopped. Anything
+  else is Slurm's doing and recorded as such, never as a user's stop: a requeue (scontrol requeue,
+  preemption with requeue, a node failure: Slurm's Restarts count went up) leaves the run `queued`;
+  a cancel or preemption without requeue leaves it `lost`, saying that `ftlaunch resume` submits it
+  again.
 """
 
 from __future__ import annotations
@@ -14,12 +23,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
-from ftlaunch.errors import StateError
+from ftlaunch.errors import FtlaunchError, StateError
 from ftlaunch.run.slurm import sbatch as slurm
-from ftlaunch.run.state import RunStatus
+from ftlaunch.run.state import FailureKind, RunStatus
 from ftlaunch.run.store import append_event, read_events, read_state, update_state
 
 
@@ -63,6 +73,76 @@ def _stays_down(run_dir: Path) -> int | None:
     return state.status.exit_code()
 
 
+def stop_requested(events: list[dict], job_id: str | None) -> bool:
+    """`ftlaunch stop` asked for this job's end (pure: over the run's events)."""
+    return any(e.get("event") == "stop_requested" and str(e.get("job_id")) == str(job_id) for e in events)
+
+
+def ended_by_slurm(info: slurm.JobInfo, restart_count: int, run_id: str) -> tuple[RunStatus, str, str]:
+    """What a SIGTERM that ftlaunch did not ask for was: (status, message, event). Pure."""
+    if info.restarts is not None and info.restarts > restart_count:
+        return (
+            RunStatus.QUEUED,
+            "requeued by Slurm (scontrol requeue, preemption or a node failure); resumes from the last "
+            "complete checkpoint when the job runs again",
+            "requeued_by_slurm",
+        )
+    what = "preempted" if info.state == "PREEMPTED" else f"ended by Slurm ({info.state or 'state unknown'})"
+    return (
+        RunStatus.LOST,
+        f"{what}, not by `ftlaunch stop`; `ftlaunch resume {run_id}` submits it again "
+        "from the last complete checkpoint",
+        "ended_by_slurm",
+    )
+
+
+def _master_addr(run_dir: Path, env: dict[str, str]) -> str | None:
+    """Set MASTER_ADDR in ``env`` (chosen and resolved here, on the first node); None when that
+    worked, else why not (the run is then recorded failed: rendezvous)."""
+    nodelist = env.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return None  # not in a job (tests of the step itself): MASTER_ADDR as given
+    try:
+        node = slurm.first_host(nodelist, env)
+        given = env.get("FTLAUNCH_MASTER_ADDR") or None
+        chosen = slurm.choose_master_addr(node, given, () if given else slurm.node_addresses(node, env))
+    except FtlaunchError as exc:
+        return exc.message
+    append_event(run_dir, "master_addr", addr=chosen.addr, how=chosen.how)
+    if chosen.addr is None:
+        return chosen.how
+    env["MASTER_ADDR"] = chosen.addr
+    print(f"ftlaunch: MASTER_ADDR {chosen.how}", flush=True)
+    return None
+
+
+def _fail(run_dir: Path, why: str) -> int:
+    message = f"rendezvous: {why}"
+    update_state(
+        run_dir, status=RunStatus.FAILED, failure_kind=FailureKind.RENDEZVOUS, message=message, ended=time.time()
+    )
+    append_event(run_dir, "ended", status=RunStatus.FAILED.value, failure_kind=FailureKind.RENDEZVOUS.value)
+    print(f"ftlaunch: run {run_dir.name} failed before the trainer started: {message}", flush=True)
+    return RunStatus.FAILED.exit_code()
+
+
+def _after_term(run_dir: Path, job: Mapping[str, str], env: Mapping[str, str]) -> None:
+    """A SIGTERM ended the job: keep `stopped` only where `ftlaunch stop` asked for it."""
+    job_id = job.get("SLURM_JOB_ID")
+    if not job_id or stop_requested(read_events(run_dir), job_id):
+        return
+    try:
+        recorded = read_state(run_dir).status
+    except StateError:
+        recorded = RunStatus.LOST
+    if recorded.is_terminal() and recorded is not RunStatus.STOPPED:
+        return  # it ended on its own (succeeded, failed...) before the signal landed
+    info = slurm.query_job(job_id, env)
+    status, message, event = ended_by_slurm(info, int(job.get("SLURM_RESTART_COUNT") or 0), run_dir.name)
+    update_state(run_dir, status=status, message=message, ended=None if status is RunStatus.QUEUED else time.time())
+    append_event(run_dir, event, job_id=job_id, slurm_state=info.state, restarts=info.restarts, status=status.value)
+
+
 def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -78,12 +158,14 @@ def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
     update_state(run_dir, slurm_job=job)
     if (held := _stays_down(run_dir)) is not None:
         return held
+    if (why := _master_addr(run_dir, env)) is not None:
+        return _fail(run_dir, why)
     # The supervisor writes train.log itself; its echo would reach train.log twice via Slurm's output.
     child = subprocess.Popen(child_command(run_dir, sys.executable), env=env, stdout=subprocess.DEVNULL)
     forwarded = False
     while child.poll() is None:
         if (flags.usr1 or flags.term) and not forwarded:
-            why = "time limit near (USR1)" if flags.usr1 else "cancelled (SIGTERM)"
+            why = "time limit near (USR1)" if flags.usr1 else "SIGTERM (scancel, requeue or preemption)"
             append_event(run_dir, "slurm_signal", why=why)
             child.send_signal(signal.SIGTERM)  # the supervisor stops the trainer's group gracefully
             forwarded = True
@@ -97,6 +179,8 @@ def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
                 run_dir, status=RunStatus.QUEUED, message="requeued before the time limit; resumes when it runs"
             )
             return 0
+    elif flags.term and not flags.usr1:
+        _after_term(run_dir, job, env)
     return code
 
 

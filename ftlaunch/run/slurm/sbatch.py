@@ -7,9 +7,11 @@ Slurm commands found on PATH (tests put stand-ins there: tests/slurm/).
 How a job runs (docs/slurm.md):
 - the batch script runs `python -m ftlaunch.run.slurm.job RUN_DIR` on the first node: it runs the
   supervisor as on one machine, so recovery, numeric health and checkpoint rules are unchanged;
-- the supervisor's trainer is `srun-trainer.sh`, one `srun` step that starts `llamafactory-cli train`
-  on every node with FORCE_TORCHRUN=1, NNODES, NODE_RANK (= SLURM_NODEID), MASTER_ADDR (first host
-  of the allocation), MASTER_PORT and NPROC_PER_NODE (GPUs per node);
+- the supervisor's trainer is `srun-trainer.sh`: a bounded rendezvous check on every node
+  (ftlaunch.run.slurm.rendezvous), then one `srun` step that starts `llamafactory-cli train` on every
+  node with FORCE_TORCHRUN=1, NNODES, NODE_RANK (= SLURM_NODEID), MASTER_ADDR (the first node's
+  address, chosen and resolved on that node by the batch step), MASTER_PORT and NPROC_PER_NODE
+  (GPUs per node; 1 on CPU nodes);
 - `--signal=B:USR1@N` warns the batch step N seconds before the time limit: the trainer is stopped
   gracefully, the job requeued, and the requeued job resumes from the last complete checkpoint.
 """
@@ -19,9 +21,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +36,11 @@ QUEUED_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_
 ACTIVE_STATES = QUEUED_STATES | {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 # Filesystems that other nodes never see: the run directory must be shared with every node.
 LOCAL_FS = {"tmpfs", "ramfs", "devtmpfs", "overlay"}
+# torch.load(map_location=torch.device("cpu", 0)) cannot restore "cpu:0" storages; transformers
+# passes args.device (cpu:0 under gloo) when it resumes a multi-process CPU run. This folder's
+# sitecustomize.py registers a deserializer for "cpu:N" (docs/slurm.md, "CPU nodes").
+CPU_SITE = Path(__file__).resolve().parent / "cpu_site"
+RENDEZVOUS_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,13 @@ class SlurmRequest:
     sbatch_args: tuple[str, ...] = ()
     signal_lead_seconds: int = 180  # USR1 this long before the time limit: enough to stop and save
     master_port: int | None = None  # default: derived from the job id (29500-29999)
+    master_addr: str | None = None  # default: the first node's NodeAddr (scontrol show node)
+    rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_S  # every node must reach MASTER_ADDR within this; 0: no check
+
+    @property
+    def cpu(self) -> bool:
+        """CPU nodes: one process per node, gloo, no GPU request."""
+        return self.gpus_per_node == 0
 
 
 @dataclass(frozen=True)
@@ -74,15 +89,17 @@ def render_job(
 ) -> JobFiles:
     """The batch script and the trainer wrapper for one run (no secrets: sbatch passes the
     submitting environment to the job; only ftlaunch's own settings are written)."""
-    if req.nodes < 1 or req.gpus_per_node < 1:
-        raise ConfigError("--nodes and the GPUs per node must be 1 or more")
+    if req.nodes < 1 or req.gpus_per_node < 0:
+        raise ConfigError("--nodes must be 1 or more and the GPUs per node 0 (CPU nodes) or more")
+    if req.master_addr is not None and not re.fullmatch(r"[\w.:-]+", req.master_addr):
+        raise ConfigError(f"--master-addr {req.master_addr!r} is not a host name or address")
     q = shlex.quote
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={q('ftlaunch-' + name)}",
         f"#SBATCH --nodes={req.nodes}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={req.gpus_per_node}",
+        *([] if req.cpu else [f"#SBATCH --gpus-per-node={req.gpus_per_node}"]),
         "#SBATCH --requeue",
         f"#SBATCH --signal=B:USR1@{req.signal_lead_seconds}",
         "#SBATCH --open-mode=append",
@@ -99,12 +116,28 @@ def render_job(
         "# from the last complete checkpoint. The run directory must be on a filesystem every node sees.",
         "set -euo pipefail",
         *(f"export {k}={q(v)}" for k, v in sorted(carry_env.items())),
-        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        "# MASTER_ADDR: chosen and resolved on this (the first) node by the batch step (slurm/job.py).",
+        *([f"export FTLAUNCH_MASTER_ADDR={q(req.master_addr)}"] if req.master_addr else []),
         f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"',
         f"export FTLAUNCH_LLAMAFACTORY_CLI={q(str(run_dir / 'srun-trainer.sh'))}",
         f"exec {q(python)} -m ftlaunch.run.slurm.job {q(str(run_dir))}",
         "",
     ]
+    step = f"srun --nodes={req.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
+    check = []
+    if req.nodes > 1 and req.rendezvous_timeout > 0:
+        check = [
+            f"# Every node reaches MASTER_ADDR:MASTER_PORT within {req.rendezvous_timeout:g} s, or the attempt ends",
+            "# with 'ftlaunch: rendezvous failed' (torchrun itself would retry forever).",
+            f"{step} {q(python)} -m ftlaunch.run.slurm.rendezvous --timeout {req.rendezvous_timeout:g}",
+        ]
+    cpu = []
+    if req.cpu:
+        cpu = [
+            "# CPU nodes: transformers resumes a gloo run with torch.load(map_location=cpu:0), which torch",
+            "# cannot restore without the deserializer that cpu_site/sitecustomize.py registers.",
+            f'export PYTHONPATH={q(str(CPU_SITE))}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+        ]
     wrapper = [
         "#!/bin/bash",
         "# One srun step: llamafactory-cli on every node; torchrun inside it spreads over the node's GPUs.",
@@ -112,8 +145,10 @@ def render_job(
         "set -euo pipefail",
         "export FORCE_TORCHRUN=1",
         f"export NNODES={req.nodes}",
-        f"export NPROC_PER_NODE={req.gpus_per_node}",
-        f"exec srun --nodes={req.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+        f"export NPROC_PER_NODE={max(1, req.gpus_per_node)}",
+        *check,
+        *cpu,
+        f"exec {step} \\",
         f'  bash -c \'export NODE_RANK="$SLURM_NODEID"; exec "$@"\' trainer {" ".join(q(t) for t in trainer)} "$@"',
         "",
     ]
@@ -180,24 +215,68 @@ def _run(argv: list[str], env: Mapping[str, str], timeout: float = 30) -> subpro
 def submit(script: Path, env: Mapping[str, str]) -> str:
     r = _run(["sbatch", "--parsable", str(script)], env)
     if r.returncode != 0:
-        raise FtlaunchError(
-            f"sbatch refused the job ({r.returncode}): {r.stderr.strip() or r.stdout.strip()}",
-            hint=f"the script is {script}; check --partition/--account/--time",
+        raise TrainerError(
+            f"sbatch refused the job (sbatch exit {r.returncode}): {r.stderr.strip() or r.stdout.strip()}",
+            hint="nothing was submitted; check --partition/--account/--time/--sbatch-arg",
         )
     return parse_sbatch(r.stdout)
 
 
-def job_state(job_id: str, env: Mapping[str, str]) -> str | None:
-    """The job's state from squeue (while Slurm holds it), else sacct (after); None if unknown."""
+@dataclass(frozen=True)
+class JobInfo:
+    """What Slurm said about a job. ``known`` False: no command answered (fail closed: it may be
+    alive); known with ``state`` None: Slurm no longer knows the job (ended, forgotten)."""
+
+    known: bool
+    state: str | None = None
+    restarts: int | None = None  # scontrol's Restarts (requeues so far)
+    source: str | None = None  # squeue, scontrol or sacct
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+def parse_fields(stdout: str) -> dict[str, str]:
+    """`scontrol show job|node X -o`: one line of Key=Value pairs."""
+    out: dict[str, str] = {}
+    for word in stdout.split():
+        key, eq, value = word.partition("=")
+        if eq and key not in out:
+            out[key] = value
+    return out
+
+
+def _gone(r: subprocess.CompletedProcess[str]) -> bool:
+    return "Invalid job id" in (r.stderr + r.stdout)
+
+
+def query_job(job_id: str, env: Mapping[str, str]) -> JobInfo:
+    """squeue (every state it still holds), then scontrol (Restarts), then sacct (after squeue forgot
+    it; fails where accounting is off, common on small clusters). Shell."""
     try:
-        r = _run(["squeue", "-h", "-j", job_id, "-o", "%T"], env, timeout=10)
+        r = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], env, timeout=10)
+        forgotten = _gone(r) or (r.returncode == 0 and parse_state(r.stdout) is None)
         state = parse_state(r.stdout) if r.returncode == 0 else None
-        if state is None:
-            r = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], env, timeout=10)
-            state = parse_state(r.stdout) if r.returncode == 0 else None
+        restarts = None
+        c = _run(["scontrol", "show", "job", job_id, "-o"], env, timeout=10)
+        if c.returncode == 0:
+            f = parse_fields(c.stdout)
+            state = state or (f.get("JobState") or None)
+            restarts = int(f["Restarts"]) if f.get("Restarts", "").isdigit() else None
+        if state is not None:
+            return JobInfo(True, state, restarts, "squeue")
+        a = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], env, timeout=10)
+        if a.returncode == 0 and (acct := parse_state(a.stdout)):
+            return JobInfo(True, acct, restarts, "sacct")
+        return JobInfo(True, None, restarts, None) if forgotten or (c.returncode != 0 and _gone(c)) else JobInfo(False)
     except TrainerError:
-        return None
-    return state
+        return JobInfo(False)
+
+
+def job_state(job_id: str, env: Mapping[str, str]) -> str | None:
+    """The job's state (squeue, scontrol, else sacct); None if unknown or forgotten."""
+    return query_job(job_id, env).state
 
 
 def cancel(job_id: str, env: Mapping[str, str]) -> None:
@@ -209,6 +288,58 @@ def cancel(job_id: str, env: Mapping[str, str]) -> None:
 
 def requeue(job_id: str, env: Mapping[str, str]) -> bool:
     return _run(["scontrol", "requeue", job_id], env).returncode == 0
+
+
+# ---------------------------------------------------------------- MASTER_ADDR
+
+
+def first_host(nodelist: str, env: Mapping[str, str]) -> str:
+    """The first host of SLURM_JOB_NODELIST (`node[1-2]` -> node1), as Slurm expands it."""
+    r = _run(["scontrol", "show", "hostnames", nodelist], env)
+    hosts = r.stdout.split()
+    if r.returncode != 0 or not hosts:
+        raise TrainerError(f"scontrol show hostnames {nodelist} failed ({r.returncode}): {r.stderr.strip()}")
+    return hosts[0]
+
+
+def node_addresses(node: str, env: Mapping[str, str]) -> tuple[str, ...]:
+    """NodeAddr then NodeHostName of a node (`scontrol show node NODE -o`); empty when Slurm says nothing."""
+    r = _run(["scontrol", "show", "node", node, "-o"], env)
+    f = parse_fields(r.stdout) if r.returncode == 0 else {}
+    return tuple(dict.fromkeys(v for v in (f.get("NodeAddr"), f.get("NodeHostName")) if v and v != "(null)"))
+
+
+def resolve(name: str) -> str:
+    """The first address of a host name (IPv4 first) on this machine; OSError when it does not resolve."""
+    infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    infos.sort(key=lambda i: i[0] != socket.AF_INET)
+    return str(infos[0][4][0])
+
+
+@dataclass(frozen=True)
+class MasterAddr:
+    addr: str | None  # the address every node is given as MASTER_ADDR; None: none could be found
+    how: str  # where it came from, or why none was found
+
+
+def choose_master_addr(
+    node: str, given: str | None, addresses: Sequence[str], resolver: Callable[[str], str] = resolve
+) -> MasterAddr:
+    """MASTER_ADDR for a job whose first node is ``node``: ``given`` (--master-addr), else the node's
+    NodeAddr / NodeHostName from Slurm, else the node name; the first that resolves here (the first
+    node), as an address, so no other node has to resolve a name. Pure but for ``resolver``."""
+    tried = []
+    names = [given] if given else [*addresses, node]
+    for name in dict.fromkeys(names):
+        try:
+            addr = resolver(name)
+        except OSError as exc:
+            tried.append(f"{name} ({exc.strerror or exc})")
+            continue
+        where = "--master-addr" if given else ("NodeAddr" if name != node else "the node name")
+        return MasterAddr(addr, f"{name} ({where} of {node}) resolved on {node} to {addr}")
+    hint = "pass another --master-addr" if given else "pass --master-addr ADDR (an address every node reaches)"
+    return MasterAddr(None, f"no address for the first node {node}: {'; '.join(tried)} did not resolve; {hint}")
 
 
 def mounts_text() -> str:

@@ -1,13 +1,16 @@
-"""`train --slurm`: plan for nodes x GPUs, write the run directory with its job script, submit it.
+"""`train --slurm`: plan for nodes x GPUs (or CPU nodes), write the run directory with its job
+script, submit it.
 
-The global batch is kept across all the GPUs of all the nodes (the plan's world size is
-nodes x GPUs per node). The output_dir is claimed as for any `train`, then released: the job's
-supervisor takes the lock again on the batch host when Slurm starts it.
+The global batch is kept across all the processes of all the nodes (the plan's world size is
+nodes x GPUs per node; on CPU nodes, one process per node). The output_dir is claimed as for any
+`train`, then released: the job's supervisor takes the lock again on the batch host when Slurm
+starts it. A submission sbatch refuses leaves nothing behind (the run directory is removed).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
@@ -16,26 +19,64 @@ from typing import Any
 
 from ftlaunch.errors import HardwareError
 from ftlaunch.files import home
+from ftlaunch.plan.batch import split_batch
+from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.run.options import RunOptions
 from ftlaunch.run.slurm import sbatch as slurm
-from ftlaunch.run.state import FailureKind, RunStatus
+from ftlaunch.run.state import RunStatus
 from ftlaunch.run.store import append_event, update_state
 from ftlaunch.run.trainer import find_trainer
 
 
 def cluster_gpu_spec(gpu: str | None, nodes: int) -> tuple[str, int]:
-    """`--gpu A100-80GBx8 --nodes 2` -> ("A100-80GBx16", 8): the plan's machine and GPUs per node."""
+    """`--gpu A100-80GBx8 --nodes 2` -> ("A100-80GBx16", 8): the plan's machine and GPUs per node;
+    `--gpu none` -> ("none", 0): CPU nodes."""
     if not gpu:
         raise HardwareError(
-            "--slurm needs --gpu CARDxN: the GPUs of one node (the login node's own GPUs are not the job's)",
-            hint="e.g. --gpu A100-80GBx8 --nodes 2",
+            "--slurm needs --gpu CARDxN (the GPUs of one node) or --gpu none (CPU nodes): the login node's own "
+            "hardware is not the job's",
+            hint="e.g. --gpu A100-80GBx8 --nodes 2, or --gpu none --nodes 2",
         )
     hw = catalog_hardware(gpu)
     if not hw.gpus:
-        raise HardwareError("--slurm needs GPUs: --gpu none plans for the CPU", hint="e.g. --gpu A100-80GBx8")
+        return "none", 0
     card = hw.source.removeprefix("catalog:").rsplit("x", 1)[0]
     return f"{card}x{hw.gpu_count * nodes}", hw.gpu_count
+
+
+def cpu_nodes_plan(p: Any, nodes: int) -> Any:
+    """A CPU plan (one process, fp32) spread over ``nodes`` CPU nodes, one process each: the global
+    batch kept over the ``nodes`` processes (micro-batch x accumulation x nodes), `ddp_backend: gloo`
+    (NCCL needs GPUs). Pure: returns a new Plan with the changes shown and explained."""
+    if nodes <= 1:
+        return p
+    g = p.global_batch_target
+    per_process = max(1, round(g / nodes))
+    micro, accum = split_batch(per_process, p.micro_batch)
+    target = micro * accum * nodes
+    why = f"global batch {g} kept over {nodes} CPU nodes x 1 process (micro-batch x accumulation x {nodes})"
+    warnings = list(p.warnings)
+    if target != g:
+        warnings.append(f"global batch {g} does not divide over {nodes} nodes; using {target}, the nearest achievable")
+    config = dict(p.config)
+    changes = [c for c in p.changes if c.key not in ("per_device_train_batch_size", "gradient_accumulation_steps")]
+    for key, new in (("per_device_train_batch_size", micro), ("gradient_accumulation_steps", accum)):
+        changes.append(Change(key, config.get(key), new, why))
+        config[key] = new
+    if config.get("ddp_backend") != "gloo":
+        changes.append(Change("ddp_backend", config.get("ddp_backend"), "gloo", "CPU nodes: NCCL needs GPUs"))
+        config["ddp_backend"] = "gloo"
+    return replace(
+        p,
+        config=config,
+        changes=tuple(changes),
+        world_size=nodes,
+        global_batch_target=target,
+        micro_batch=micro,
+        accumulation=accum,
+        warnings=tuple(warnings),
+    )
 
 
 def submit_run(
@@ -49,7 +90,8 @@ def submit_run(
 ) -> tuple[Path, str, Any]:
     """Plan, create the run (status queued), write job.sbatch and srun-trainer.sh, sbatch it.
 
-    Returns (run_dir, job id, plan). A refused submission leaves the run marked failed, saying why."""
+    Returns (run_dir, job id, plan). A refused submission removes the run directory again and raises
+    TrainerError (exit 13) with sbatch's exit code and message."""
     from ftlaunch.run.launch import new_run
     from ftlaunch.run.outdir import Existing
     from ftlaunch.run.prepare import make_plan
@@ -57,9 +99,24 @@ def submit_run(
     spec, per_node = cluster_gpu_spec(opts.gpu, req.nodes)
     req = replace(req, gpus_per_node=per_node)
     loaded, p = make_plan(replace(opts, gpu=spec).plan_request(config, overrides, strict=True), env)
+    if req.cpu:
+        p = cpu_nodes_plan(p, req.nodes)
     trainer = find_trainer(env)
     run_dir, lock = new_run(loaded, p, env, existing=Existing(existing), **opts.supervisor_settings())
     lock.close()  # the job's supervisor takes it on the batch host
+    try:
+        job, notes = _write_and_submit(run_dir, p, req, trainer, env)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # a job that was never submitted leaves no run behind
+        raise
+    for n in notes:  # a local filesystem works when every "node" is this machine: say so, do not refuse
+        print(f"warning: {n}", file=sys.stderr)
+    return run_dir, job, p
+
+
+def _write_and_submit(
+    run_dir: Path, p: Any, req: slurm.SlurmRequest, trainer: list[str], env: Mapping[str, str]
+) -> tuple[str, list[str]]:
     notes = []
     for path, what in ((run_dir, "the run directory"), (Path(str(p.config.get("output_dir") or ".")), "output_dir")):
         fs = slurm.local_filesystem(path.parent if not path.exists() else path, slurm.mounts_text())
@@ -72,15 +129,15 @@ def submit_run(
     wrapper = run_dir / "srun-trainer.sh"
     wrapper.write_text(files.trainer)
     wrapper.chmod(0o755)
-    record = {"nodes": req.nodes, "gpus_per_node": per_node, "partition": req.partition, "time": req.time}
+    record = {
+        "nodes": req.nodes,
+        "gpus_per_node": req.gpus_per_node,
+        "partition": req.partition,
+        "time": req.time,
+        "master_addr": req.master_addr,
+    }
     update_state(run_dir, status=RunStatus.QUEUED, slurm=record, warnings=tuple(notes))
-    try:
-        job = slurm.submit(run_dir / "job.sbatch", {**env, "PWD": os.getcwd()})
-    except Exception as exc:
-        update_state(run_dir, status=RunStatus.FAILED, failure_kind=FailureKind.SETUP, message=f"not submitted: {exc}")
-        raise
+    job = slurm.submit(run_dir / "job.sbatch", {**env, "PWD": os.getcwd()})
     update_state(run_dir, slurm_job_id=job)
-    append_event(run_dir, "submitted", job_id=job, nodes=req.nodes, gpus_per_node=per_node, notes=notes)
-    for n in notes:  # a local filesystem works when every "node" is this machine: say so, do not refuse
-        print(f"warning: {n}", file=sys.stderr)
-    return run_dir, job, p
+    append_event(run_dir, "submitted", job_id=job, nodes=req.nodes, gpus_per_node=req.gpus_per_node, notes=notes)
+    return job, notes
