@@ -25,7 +25,13 @@ from ftlaunch.errors import DoesNotFitError
     is_flag=True,
     help="Also measure the chosen setup's peak on fake tensors (a child process with torch; 15-40 s).",
 )
-def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool, **kw: Any) -> None:
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Also have LLaMA-Factory's own argument parser check the adapted config, the planned card emulated "
+    "(what `train` does first; a child in the trainer's Python, ~7 s, cached). Exit 3 if it refuses.",
+)
+def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool, check: bool, **kw: Any) -> None:
     """Show how CONFIG would be adapted to this machine; run nothing.
 
     \b
@@ -34,6 +40,7 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
       ftlaunch plan cfg.yaml --gpu V100-32GB
       ftlaunch plan cfg.yaml --source-gpus 8 --json
       ftlaunch plan cfg.yaml --gpu V100-32GB --simulate      # also measure it on fake tensors
+      ftlaunch plan cfg.yaml --gpu A100-80GBx4 --check       # would llamafactory-cli accept it there?
     """
     from ftlaunch.plan.memory.simulate import simulate_plan, simulation_line
     from ftlaunch.plan.render import plan_renderables
@@ -51,13 +58,27 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
     if simulate:
         err_console.print("simulating two optimizer steps on fake tensors (a child process; 15-40 s on 2 cores) ...")
         sim = simulate_plan(p, req.model_config)
+    verdict = None
+    if check:
+        from ftlaunch.run.preflight import preflight, refusal_error
+
+        verdict = preflight(p, env_now(), say=lambda text: err_console.print(text, highlight=False, markup=False))
     if as_json:
-        echo_json(plan_json(p, sim))
-        return
-    for r in plan_renderables(p):
-        console.print(r)
-    if sim is not None:
-        console.print(simulation_line(sim), highlight=False)
+        out = plan_json(p, sim)
+        if verdict is not None:
+            out["preflight"] = {
+                k: getattr(verdict, k) for k in ("status", "message", "cached", "llamafactory", "where")
+            }
+        echo_json(out)
+    else:
+        for r in plan_renderables(p):
+            console.print(r)
+        if sim is not None:
+            console.print(simulation_line(sim), highlight=False)
+        if verdict is not None and verdict.status == "ok":
+            console.print(verdict.line(), highlight=False, markup=False)
+    if verdict is not None and verdict.status == "refused":
+        raise refusal_error(verdict)
 
 
 @click.command("env")

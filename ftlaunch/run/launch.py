@@ -236,18 +236,22 @@ def start_run(
     on_created: Callable[[Path, Plan], None] | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> Started:
-    """`train` and `schedule run`: plan the config for this machine, claim its output_dir, create the
-    run, then supervise it (detached or here).
+    """`train` and `schedule run`: plan the config for this machine, have LLaMA-Factory's parser check
+    it (run/preflight.py), claim its output_dir, create the run, then supervise it (detached or here).
 
     ``settings``: `RunOptions.supervisor_settings()`; ``check(plan)`` may refuse a plan before anything
     is written; ``on_created(run_dir, plan)`` runs once the run exists, before it starts."""
     from ftlaunch.run.disk import disk_check
+    from ftlaunch.run.preflight import preflight
+    from ftlaunch.run.preflight import require as require_preflight
     from ftlaunch.run.prepare import make_plan
 
     loaded, p = make_plan(request, env)
     if check is not None:
         check(p)
     find_trainer(env)  # fail now, in the user's shell, rather than in the background
+    # LLaMA-Factory's own parser on the adapted config, in the trainer's Python (cached): exit 3 if it refuses.
+    require_preflight(preflight(p, env, say=say))
     # Refused (exit 17) when one checkpoint cannot fit; a warning when the run will fill the disk.
     extra_state = {**dict(extra_state or {}), **disk_check(p, request.params, request.model_config, say)}
     p = simulate_if_tight(p, simulate, request.model_config, say)
