@@ -7,14 +7,16 @@ line stays light.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ftlaunch.cli.options import env_now
 from ftlaunch.errors import FtlaunchError
+
+if TYPE_CHECKING:
+    from ftlaunch.estimate.history import TrainingHistory
 
 
 @click.command("plot", context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,7 +38,7 @@ def plot_cmd(run: str | None, out: str | None) -> None:
 
     history = training_history(run, env_now())
     path = Path(out) if out else history.default_out
-    draw_progress(history.segments, history.attempts, path, history.title)
+    draw_progress(history, path)
     click.echo(f"wrote {path}")
 
 
@@ -89,18 +91,17 @@ RESTART_COLOR = "#c44e52"
 ATTEMPT_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974")
 
 
-def draw_progress(
-    segments: Sequence[Sequence[Mapping[str, Any]]], attempts: Sequence[int | None], path: Path, title: str
-) -> Path:
-    """Loss and throughput over steps, one line per attempt, restarts as dashed vertical lines."""
+def progress_figure(history: TrainingHistory) -> tuple[Any, Any]:
+    """(pyplot, figure): loss and throughput over steps, one line per attempt (a run's own records,
+    ftlaunch.estimate.history), and a dashed marker where each attempt began."""
     from ftlaunch.run.accounting import rate_series
 
     plt = _pyplot()
     fig, (ax_loss, ax_rate) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
     rate_label = "steps/s"
-    for i, seg in enumerate(segments):
-        attempt = attempts[i]
-        label = f"attempt {attempt}" if attempt is not None else f"segment {i + 1} (attempt unknown)"
+    for i, seg in enumerate(history.segments):
+        attempt = history.attempts[i]
+        label = f"attempt {attempt}" if attempt is not None else f"segment {i + 1}"
         # One colour per segment on both axes (each axis would otherwise cycle on its own), never
         # the restart marker's red.
         color = ATTEMPT_COLORS[i % len(ATTEMPT_COLORS)]
@@ -109,25 +110,32 @@ def draw_progress(
         rate_label, series = rate_series(seg)
         if series:
             ax_rate.plot([s for s, _ in series], [v for _, v in series], label=label, linewidth=1.2, color=color)
-        if i > 0:
-            x = steps[0] - 1  # a resumed attempt logs from the checkpoint's step + 1
-            for ax in (ax_loss, ax_rate):
-                ax.axvline(x, color=RESTART_COLOR, linestyle="--", linewidth=1)
-            ax_loss.annotate(
-                "restart" + (f" (attempt {attempt})" if attempt is not None else ""),
-                (x, 1.0),
-                xycoords=("data", "axes fraction"),
-                rotation=90,
-                va="top",
-                ha="right",
-                fontsize=8,
-                color=RESTART_COLOR,
-            )
+    for m in history.markers:
+        # an attempt logs from its checkpoint's step + 1: the marker sits at the checkpoint
+        for ax in (ax_loss, ax_rate):
+            ax.axvline(m.step, color=RESTART_COLOR, linestyle="--", linewidth=1, gid=f"attempt-{m.attempt}")
+        text = f"attempt {m.attempt}" if m.attempt is not None else "restart"
+        ax_loss.annotate(
+            text + (f" ({m.why})" if m.why else ""),
+            (m.step, 1.0),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=8,
+            color=RESTART_COLOR,
+        )
     ax_loss.set_ylabel("loss")
     ax_rate.set_ylabel(rate_label)
     ax_rate.set_xlabel("optimizer step")
-    ax_loss.set_title(title)
-    if len(segments) > 1:
+    ax_loss.set_title(history.title)
+    if len(history.segments) > 1:
         ax_loss.legend(loc="upper right")
         ax_rate.legend(loc="upper right")
+    return plt, fig
+
+
+def draw_progress(history: TrainingHistory, path: Path) -> Path:
+    """The run's progress figure (``progress_figure``) as a PNG."""
+    plt, fig = progress_figure(history)
     return _save(plt, fig, path)

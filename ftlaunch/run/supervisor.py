@@ -31,6 +31,7 @@ from ftlaunch.plan.hardware import gpu_peak_of
 from ftlaunch.plan.memory.store import remember, remember_observed
 from ftlaunch.plan.offload import materialize, refusal
 from ftlaunch.run import progress as prog
+from ftlaunch.run import records as run_records
 from ftlaunch.run.checkpoints import CheckpointWatch, set_aside_incomplete
 from ftlaunch.run.disk import DISK_HINT, disk_message, enospc_in, enospc_line, free_bytes, remove_partial
 from ftlaunch.run.gpuwait import GpuWait, nvml_probes, wait_gpu_released
@@ -195,6 +196,7 @@ class Supervisor:
             # A later attempt is "recovering" until the trainer passes the furthest step seen before.
             recover_until = int((read_state(self.run_dir).progress or {}).get("step") or 0)
             self.journal.attempt_started(attempt, status, budget, values, last[1].name if last else None, moved)
+            run_records.mark_attempt(self.run_dir, attempt, last[1].name if last else None)  # plot: a run's own steps
             self.watch.start()
             rc, log_text, checkpoints, step, stalled, disk_full = self._attempt(
                 out, attempt, extra_env, weights_only, recover_until if status is RunStatus.RECOVERING else None
@@ -378,7 +380,9 @@ class Supervisor:
                 if first:  # a SIGSTOPped (or traced) trainer acts on SIGTERM only once it runs again
                     signal_group(trainer.pid, signal.SIGCONT)
             # progress from the trainer's own log, this attempt's lines only
-            new = tlog.records()
+            raw = tlog.lines()
+            run_records.keep(self.run_dir, raw)  # this run's own copy, as written (ftlaunch.run.records)
+            new = prog.parse_trainer_log(raw)
             dog = self._drain_console(dog)
             if new:
                 records.extend(new)

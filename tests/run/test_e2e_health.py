@@ -136,32 +136,134 @@ def test_on_diverge_stop_stops_at_once_and_ignore_trains_on(tmp_path):
     assert s["status"] == "succeeded" and s["health"] == "diverged" and s["step"] == 16
 
 
-def test_real_tiny_model_with_an_absurd_lr_goes_non_finite_is_caught_and_rolled_back(tiny, tmp_path):
-    """fp32 on the CPU, lr 1e8: step 2's grad_norm is NaN (console and trainer_state.json only), step 3's
-    loss is NaN, logged as 0.0 by HF's logging_nan_inf_filter. Either way the rollback goes to
-    checkpoint-1 (checkpoint-2 holds the NaN step), and the lr the trainer uses after it is really halved."""
-    out = tmp_path / "out"
-    cfg = write_yaml(
-        tmp_path / "c.yaml", tiny_config(tiny, out, learning_rate=1.0e8, max_steps=6, save_steps=1, warmup_steps=0)
-    )
+def real_run(tiny: Path, tmp_path: Path, *args: str, out: Path | None = None, **cfg) -> tuple:
+    """ftlaunch train --foreground on the tiny model (fp32 on the CPU): (result, run, env, out)."""
+    out = out or tmp_path / "out"
+    path = write_yaml(tmp_path / f"c-{len(list(tmp_path.glob('c-*.yaml')))}.yaml", tiny_config(tiny, out, **cfg))
     env = child_env(FTLAUNCH_HOME=str(tmp_path / "home"))
-    r = ftl("train", str(cfg), "--foreground", "--json", env=env, timeout=400)
+    r = ftl("train", str(path), "--foreground", "--json", *args, env=env, timeout=400)
+    run = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+    return r, run, env, out
+
+
+def assert_listing_matches(out: Path, messages: list[str]) -> None:
+    """Every folder a message says it moved is there under that name; every set-aside folder in
+    output_dir is one a message named; what the last message says is left in place is what is left."""
+    import re
+
+    moved = []
+    for msg in messages:
+        part = msg.split("; set aside: ", 1)[1].split("; every checkpoint", 1)[0] if "; set aside: " in msg else ""
+        moved += re.findall(r"(\S+) -> ([^\s(;,]+)", part)
+    names = {p.name for p in out.iterdir()}
+    for _old, new in moved:
+        assert new.rstrip("/") in names, (new, sorted(names))
+    said = {new.rstrip("/") for _, new in moved}
+    aside = {n for n in names if n.split("-checkpoint-")[0] in ("diverged", "badweights", "unverified", "rolledback")}
+    aside |= {n for n in names if n.startswith("diverged-final-")}
+    assert aside <= said, (aside - said, messages)
+    left = {n for n in names if n.startswith("checkpoint-")}
+    if "left in place:" in messages[-1]:
+        listed = messages[-1].rsplit("left in place: ", 1)[1].strip()
+        assert left == (set() if listed == "none" else set(listed.split(", "))), (left, messages[-1])
+
+
+def max_abs(folder: Path) -> float:
+    """max |w| with torch (inf when any weight is not finite): the truth the weight scan samples."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    top = 0.0
+    for f in folder.glob("*.safetensors"):
+        for t in load_file(str(f)).values():
+            t = t.float()
+            top = max(top, float("inf") if not torch.isfinite(t).all() else float(t.abs().max()))
+    return top
+
+
+def test_real_lr1e4_dead_model_is_never_called_succeeded(tiny, tmp_path):
+    """Issue 23 case 1: lr 1e4, save_steps 8. From step 2 grad_norm is 0 and the loss 6.2106: dead. It
+    diverges at step 2, no checkpoint was written before it, and `rollback` alone does not start over."""
+    r, run, env, out = real_run(tiny, tmp_path, learning_rate=1.0e4, save_steps=8, max_steps=24, warmup_steps=0)
     assert r.returncode == 14, r.stdout + r.stderr
-    run = json.loads(r.stdout)
-    ev = events(Path(run["run_dir"]))
-    div = [e for e in ev if e["event"] == "diverged"]
-    # the console's grad_norm is normally seen first (step 2); the hidden NaN loss of step 3 otherwise
-    assert (div[0]["step"], div[0]["signal"]) in ((2, "nonfinite_grad_norm"), (3, "hidden_nan_loss")), div
-    rolled = [e for e in ev if e["event"] == "rolled_back"]
-    assert [e["resume_from"] for e in rolled] == ["checkpoint-1", "checkpoint-1"]
-    assert [e["edits"] for e in rolled] == [{"learning_rate": 5e7}, {"learning_rate": 2.5e7}]
-    # the real trainer's own log after each rollback: it resumed at step 2 with the lowered lr
-    recs = lines(out / "trainer_log.jsonl")
-    resumed = [r for r in recs if r["current_steps"] == 2]
-    first = resumed[0]["lr"]  # the cosine schedule's value at step 2 of lr 1e8
-    assert [r["lr"] for r in resumed] == pytest.approx([first, first / 2, first / 4], rel=1e-9)
     s = status(run["id"], env=env)
-    assert s["status"] == "diverged" and s["attempt"] == 3
-    # every checkpoint kept: the originals of checkpoint-1 and all later ones are set aside, not deleted
-    assert len(list(out.glob("rolledback-checkpoint-1-*"))) == 2
-    assert list(out.glob("diverged-checkpoint-2-*"))
+    assert s["status"] == "diverged" and s["health"] == "diverged" and s["attempt"] == 1
+    div = [e for e in events(Path(run["run_dir"])) if e["event"] == "diverged"]
+    assert (div[0]["step"], div[0]["signal"]) in ((2, "zero_grad_norm"), (2, "flat_loss")), div
+    assert "no clean checkpoint remains" in s["message"] and "rollback-or-restart would" in s["message"]
+    assert_listing_matches(out, [s["message"]])
+    assert not list(out.glob("checkpoint-*"))
+
+
+def test_real_lr1e8_never_restores_blown_weights_and_the_folders_match_the_messages(tiny, tmp_path):
+    """Issue 23 case 2: lr 1e8, save_steps 2. Every weight is NaN after step 2's update; the record after
+    checkpoint-2 (and the console's grad_norm at step 2) say so, and so would the scan. With
+    --on-diverge rollback-or-restart each rollback starts from the base model with a lower lr."""
+    r, run, env, out = real_run(
+        tiny, tmp_path, "--on-diverge", "rollback-or-restart", learning_rate=1.0e8, save_steps=2, max_steps=8,
+        warmup_steps=0,
+    )  # fmt: skip
+    assert r.returncode == 14, r.stdout + r.stderr
+    run_dir = Path(run["run_dir"])
+    rolled = [e for e in events(run_dir) if e["event"] == "rolled_back"]
+    assert [e["edits"] for e in rolled] == [{"learning_rate": 5e7}, {"learning_rate": 2.5e7}]
+    base = max_abs(tiny / "model")
+    for e in rolled:  # what was restored: the base model, or a checkpoint no worse than it
+        restored = tiny / "model" if e["resume_from"] is None else out / e["resume_from"]
+        assert max_abs(restored) <= 100 * base, e
+    assert all(e["resume_from"] is None and "from the base model" in e["message"] for e in rolled)
+    # the trainer really started over: each attempt's first step logs the base model's step-1 loss
+    from ftlaunch.run.records import read_attempts
+
+    attempts = read_attempts(run_dir)
+    assert [(a.attempt, a.resume_step) for a in attempts] == [(1, 0), (2, 0), (3, 0)]
+    firsts = [a.records[0] for a in attempts]
+    assert [f["current_steps"] for f in firsts] == [1, 1, 1]
+    assert firsts[1]["loss"] == pytest.approx(firsts[0]["loss"]) == pytest.approx(firsts[2]["loss"])
+    s = status(run["id"], env=env)
+    assert s["status"] == "diverged" and s["attempt"] == 3 and "after 2 rollbacks" in s["message"]
+    assert_listing_matches(out, [e["message"] for e in rolled] + [s["message"]])
+    assert not list(out.glob("checkpoint-*"))
+    for ck in out.glob("diverged-checkpoint-*"):  # what was set aside really is garbage (torch says so)
+        assert max_abs(ck) == float("inf")
+    # plot: one curve per attempt and a marker where each began
+    from ftlaunch.cli.plot import progress_figure
+    from ftlaunch.estimate.history import training_history
+
+    hist = training_history(run["id"], env)
+    marks = [(m.attempt, m.step, m.why) for m in hist.markers]
+    assert hist.attempts == [1, 2, 3] and marks == [(1, 0, "start"), (2, 0, "rollback"), (3, 0, "rollback")]
+    plt, fig = progress_figure(hist)
+    lines = fig.axes[0].get_lines()
+    assert [ln.get_label() for ln in lines if not ln.get_gid()] == ["attempt 1", "attempt 2", "attempt 3"]
+    assert sorted(ln.get_gid() for ln in lines if ln.get_gid()) == ["attempt-1", "attempt-2", "attempt-3"]
+    plt.close(fig)
+
+
+def test_real_plot_of_two_runs_that_shared_an_output_dir_draws_each_run_only(tiny, tmp_path):
+    """--fresh moves the first run's files aside and the second run writes its own trainer_log.jsonl in
+    the same output_dir: each run's plot is its own curve, with its own attempt marker."""
+    from ftlaunch.cli.plot import progress_figure
+    from ftlaunch.estimate.history import training_history
+
+    r1, run1, env, out = real_run(tiny, tmp_path, learning_rate=1.0e-3, max_steps=6, save_steps=100)
+    assert r1.returncode == 0, r1.stdout + r1.stderr
+    r2, run2, _, _ = real_run(tiny, tmp_path, "--fresh", learning_rate=3.0e-2, max_steps=9, save_steps=100)
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+
+    def curve(run_id: str) -> tuple[list, list, list]:
+        plt, fig = progress_figure(training_history(run_id, env))
+        lines = fig.axes[0].get_lines()
+        data = [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in lines if not ln.get_gid()]
+        marks = [ln.get_gid() for ln in lines if ln.get_gid()]
+        plt.close(fig)
+        return data, marks, [ln.get_label() for ln in lines if not ln.get_gid()]
+
+    (a,), marks_a, labels_a = curve(run1["id"])
+    (b,), marks_b, labels_b = curve(run2["id"])
+    assert a[0] == [1, 2, 3, 4, 5, 6] and b[0] == list(range(1, 10))
+    assert a[1] != b[1][:6]  # two different curves (lr 1e-3 and 3e-2)
+    assert marks_a == marks_b == ["attempt-1"] and labels_a == labels_b == ["attempt 1"]
+    # the shared file now holds only the second run, which the old code drew under the first's title
+    tlog = [json.loads(x) for x in (out / "trainer_log.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in tlog if "loss" in r] == pytest.approx(b[1])
