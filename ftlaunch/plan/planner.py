@@ -399,7 +399,12 @@ def plan(
             "NCCL would hang or fail without it"
         )
     env = rules.launch_env(
-        world, gpus=hardware.gpu_count, deepspeed=bool(ed.values.get("deepspeed")), pin=procs.pin, p2p_blocked=blocked
+        world,
+        gpus=hardware.gpu_count,
+        deepspeed=bool(ed.values.get("deepspeed")),
+        pin=procs.pin,
+        p2p_blocked=blocked,
+        kt=rules.single_process(values) is not None,
     )
 
     # --- resume safety

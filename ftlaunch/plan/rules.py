@@ -213,10 +213,11 @@ def deepspeed_refusals(values: Mapping[str, Any]) -> tuple[Rule, ...]:
 
 
 def single_process(values: Mapping[str, Any]) -> str | None:
-    """Why the trainer runs one process whatever the machine, or None. KTransformers: the launcher
-    never starts torchrun for it (launcher.py:60) and it trains in one process."""
+    """Why the trainer runs one process whatever the machine, or None. KTransformers trains in one
+    process over the visible GPUs; the launcher skips torchrun for it only when the environment says
+    USE_KT=1 (launcher.py:60 reads ``use_kt()``, an env flag, not the config key)."""
     if _flag(values, "use_kt"):
-        return "KTransformers (use_kt) trains in one process: llamafactory-cli never launches torchrun for it"
+        return "KTransformers (use_kt) trains in one process: USE_KT=1 keeps llamafactory-cli from launching torchrun"
     return None
 
 
@@ -283,6 +284,7 @@ def launch_env(
     deepspeed: bool,
     pin: str | None = None,
     p2p_blocked: bool = False,
+    kt: bool = False,
 ) -> dict[str, str]:
     """The trainer env that makes llamafactory-cli run exactly ``processes`` processes on a machine
     with ``gpus`` visible GPUs. The one place a planned world size becomes environment variables.
@@ -292,11 +294,13 @@ def launch_env(
     - one process with DeepSpeed: ``FORCE_TORCHRUN=1 NPROC_PER_NODE=1`` (parser.py:354 refuses
       DeepSpeed outside torchrun, even on one device);
     - one process on a machine with several GPUs: ``CUDA_VISIBLE_DEVICES=pin`` (the launcher would
-      otherwise start torchrun over every visible GPU, launcher.py:60); ``pin`` None leaves it to
-      the launcher (KTransformers, which never uses torchrun);
+      otherwise start torchrun over every visible GPU, launcher.py:60); ``kt``: KTransformers keeps
+      every GPU in its one process, with ``USE_KT=1`` so the launcher starts no torchrun;
     - one process otherwise: nothing.
     """
     env: dict[str, str] = {}
+    if kt and gpus > 1:
+        env["USE_KT"] = "1"
     if processes > 1:
         env.update(FORCE_TORCHRUN="1", NPROC_PER_NODE=str(processes))
         if p2p_blocked:

@@ -11,7 +11,7 @@ import pytest
 from ftlaunch.errors import ConfigError
 from ftlaunch.plan.config import dump_yaml, known_keys, load_config, parse_value, read_header, resolve_paths
 
-from ..conftest import EXAMPLES, child_env, have_llamafactory
+from ..conftest import EXAMPLES, child_env, have_llamafactory, upstream_training_examples
 
 
 def test_overrides_parse_as_yaml_scalars_like_omegaconf():
@@ -87,7 +87,7 @@ def test_known_keys_cover_the_corpus_examples():
 
     keys = known_keys()
     # v1 configs (USE_V1) have their own schema: tests/plan/test_v1.py
-    paths = [p for p in (EXAMPLES / "examples").rglob("*.yaml") if not {"accelerate", "v1"} & set(p.parts)]
+    paths = [EXAMPLES / rel for rel in upstream_training_examples()]
     assert len(paths) >= 7, "the vendored corpus under tests/data/corpus is incomplete"
     for path in paths:
         data = yaml.safe_load(path.read_text())

@@ -13,13 +13,9 @@ from ftlaunch.plan.config import dump_yaml, known_keys, load_config, read_header
 from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.plan.planner import PlanOptions, global_batch_for, plan
 
-from ..conftest import EXAMPLES
+from ..conftest import EXAMPLES, upstream_training_examples
 
-CONFIGS = sorted(
-    str(p.relative_to(EXAMPLES))
-    for p in (EXAMPLES / "examples").rglob("*.yaml")
-    if not {"accelerate", "v1"} & set(p.parts)  # v1 (USE_V1) configs: tests/plan/test_v1.py
-)
+CONFIGS = upstream_training_examples()
 assert len(CONFIGS) >= 7, "the vendored corpus under tests/data/corpus is incomplete"
 CARDS = ["V100-32GB", "T4", "A100-80GB", "A100-80GBx4", "none"]
 
@@ -73,7 +69,7 @@ def test_every_example_on_every_card(rel, card):
         assert "deepspeed" not in cfg and p.env == {}
     elif single:
         assert p.world_size == 1 and "deepspeed" not in cfg
-        assert p.env in ({}, {"CUDA_VISIBLE_DEVICES": "0"})
+        assert p.env in ({}, {"CUDA_VISIBLE_DEVICES": "0"}, {"USE_KT": "1"})  # KTransformers: one process, every GPU
     else:
         assert cfg.get("deepspeed") == values.get("deepspeed")
         assert p.env == {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "4"}

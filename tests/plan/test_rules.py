@@ -322,3 +322,10 @@ def test_deepspeed_not_installed_refused_with_the_pip_command_when_it_is_needed(
     values = {**FULL_7B, "deepspeed": "ds_z3_config.json"}
     with pytest.raises(DoesNotFitError, match="pip install --no-build-isolation deepspeed"):
         plan(values, hw, PlanOptions(), memory_chooser=chooser(spec_from_param_count("13B"), Z3), deepspeed_config=Z3)
+
+
+def test_ktransformers_on_several_gpus_gets_use_kt_so_the_launcher_starts_no_torchrun():
+    from ftlaunch.plan import rules
+
+    assert rules.launch_env(1, gpus=4, deepspeed=False, kt=True) == {"USE_KT": "1"}
+    assert rules.launch_env(1, gpus=1, deepspeed=False, kt=True) == {}
