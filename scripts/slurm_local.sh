@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # A real two-node Slurm cluster on this one machine, for the Slurm test lane (docs/slurm.md).
 #   bash scripts/slurm_local.sh start   # install slurm-wlm + munge if absent, start the daemons
-#   bash scripts/slurm_local.sh stop    # stop exactly the daemons `start` started (by their pid files)
+#   bash scripts/slurm_local.sh stop    # stop exactly the daemons `start` started (their pids, recorded)
 #   bash scripts/slurm_local.sh env     # print the exports that point the Slurm commands at it
 # Everything lives in $FTLAUNCH_SLURM_SCRATCH (default /tmp/ftlaunch-slurm): config, munge key and
-# socket, state, spool, logs, pid files; ports $FTLAUNCH_SLURM_PORT (default 16817) and the two after
+# socket, state, spool, logs, pid files; ports $FTLAUNCH_SLURM_PORT (default 16917) and the two after
 # for the nodes. The nodes are named node1 and node2, reached at localhost (NodeAddr), names that do not
 # resolve: that is the MASTER_ADDR case of issue 22. Exit 3 when this machine cannot run it (no apt or
 # no root): the reason is printed and the lane is skipped.
 set -euo pipefail
 SCRATCH=${FTLAUNCH_SLURM_SCRATCH:-/tmp/ftlaunch-slurm}
-PORT=${FTLAUNCH_SLURM_PORT:-16817}
+PORT=${FTLAUNCH_SLURM_PORT:-16917}
 CONF=$SCRATCH/slurm.conf
 SOCKET=$SCRATCH/munge/munge.socket
 NODES=(node1 node2)
@@ -75,6 +75,15 @@ CONF
 }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# What this script started: "pidfile pid" lines. A daemon already up (started by an earlier `start`)
+# is used, not listed again; `stop` ends only the listed pids, so it never ends what it did not start.
+STARTED=$SCRATCH/started
+started() { echo "$1 $(cat "$1")" >>"$STARTED"; }
+
+wait_pidfile() {
+  for _ in $(seq 100); do alive "$1" && return 0; sleep 0.1; done
+  say "$1 did not appear"; exit 1
+}
 
 start() {
   local why
@@ -88,11 +97,20 @@ start() {
     fi
     munged --force --key-file="$SCRATCH/munge/munge.key" --socket="$SOCKET" \
       --pid-file="$SCRATCH/munged.pid" --log-file="$SCRATCH/log/munged.log" --seed-file="$SCRATCH/munge/seed"
+    started "$SCRATCH/munged.pid"
   fi
   export SLURM_CONF=$CONF
-  alive "$SCRATCH/slurmctld.pid" || slurmctld -i -f "$CONF"
+  if ! alive "$SCRATCH/slurmctld.pid"; then
+    slurmctld -i -f "$CONF"
+    wait_pidfile "$SCRATCH/slurmctld.pid"
+    started "$SCRATCH/slurmctld.pid"
+  fi
   for n in "${NODES[@]}"; do
-    alive "$SCRATCH/slurmd.$n.pid" || slurmd -N "$n" -f "$CONF"
+    if ! alive "$SCRATCH/slurmd.$n.pid"; then
+      slurmd -N "$n" -f "$CONF"
+      wait_pidfile "$SCRATCH/slurmd.$n.pid"
+      started "$SCRATCH/slurmd.$n.pid"
+    fi
   done
   local deadline=$((SECONDS + 60))
   until [ "$(sinfo -h -o '%T %D' 2>/dev/null | awk '$1=="idle"{s+=$2} END{print s+0}')" -eq ${#NODES[@]} ]; do
@@ -104,16 +122,17 @@ start() {
 
 stop() {
   local f pid
-  for f in "$SCRATCH"/slurmd.*.pid "$SCRATCH/slurmctld.pid" "$SCRATCH/munged.pid"; do
-    [ -f "$f" ] || continue
-    pid=$(cat "$f")
-    if kill -0 "$pid" 2>/dev/null; then
+  [ -f "$STARTED" ] || { say "nothing started by this script is running"; return 0; }
+  # slurmd first, munged last: the reverse of the start order
+  tac "$STARTED" | while read -r f pid; do
+    if kill -0 "$pid" 2>/dev/null && [ "$(cat "$f" 2>/dev/null)" = "$pid" ]; then
       kill "$pid"
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
       kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
     fi
     rm -f "$f"
   done
+  rm -f "$STARTED"
   rm -rf "$SCRATCH/state"  # a next start begins with no jobs of this one
   say "stopped"
 }

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Set up .venv (as scripts/setup.sh), then run the fast lane (unit and in-process CLI tests) and the
-# end-to-end lane (the real llamafactory-cli on a tiny local model), printing the time of each.
-#   bash scripts/test.sh            # both lanes
+# Set up .venv (as scripts/setup.sh), then run the fast lane (unit and in-process CLI tests), the
+# end-to-end lane (the real llamafactory-cli on a tiny local model) and the Slurm lane (a real
+# two-node Slurm cluster on this machine, scripts/slurm_local.sh), printing the time of each.
+#   bash scripts/test.sh            # all three lanes
 #   bash scripts/test.sh --fast     # the fast lane only
-#   bash scripts/test.sh --e2e      # the end-to-end lane only (CI runs the two lanes as two steps)
-# Any other arguments go to pytest (in both lanes).
+#   bash scripts/test.sh --e2e      # the end-to-end lane only
+#   bash scripts/test.sh --slurm    # the Slurm lane only (CI runs the three lanes as three steps)
+# The Slurm lane needs root and apt (to install slurm-wlm and munge) or both already installed; a
+# machine without them skips it and says why. It starts the cluster, runs the tests marked `slurm`,
+# and stops exactly the daemons it started. Any other arguments go to pytest (in every lane).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run_fast=1
 run_e2e=1
+run_slurm=1
 args=()
 for a in "$@"; do
   case "$a" in
-    --fast) run_e2e=0 ;;
-    --e2e) run_fast=0 ;;
+    --fast) run_e2e=0; run_slurm=0 ;;
+    --e2e) run_fast=0; run_slurm=0 ;;
+    --slurm) run_fast=0; run_e2e=0 ;;
     *) args+=("$a") ;;
   esac
 done
@@ -29,8 +35,20 @@ lane() {  # lane NAME MARKER
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
 }
 if [ "$run_fast" -eq 1 ]; then
-  lane fast "not e2e and not bench"
+  lane fast "not e2e and not bench and not slurm"
 fi
 if [ "$run_e2e" -eq 1 ]; then
-  lane e2e "e2e and not bench"
+  lane e2e "e2e and not bench and not slurm"
+fi
+if [ "$run_slurm" -eq 1 ]; then
+  if ! why=$(bash scripts/slurm_local.sh check); then
+    echo "=== slurm lane: SKIPPED: $why ==="
+  else
+    start=$(date +%s)
+    bash scripts/slurm_local.sh start
+    trap 'bash scripts/slurm_local.sh stop' EXIT
+    eval "$(bash scripts/slurm_local.sh env)"
+    echo "=== slurm lane: cluster up in $(($(date +%s) - start)) s ==="
+    lane slurm "slurm and not bench"
+  fi
 fi

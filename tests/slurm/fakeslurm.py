@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Stand-ins for sbatch, srun, squeue, sacct, scancel and scontrol that really run jobs locally.
 
+Kept only for what the real two-node CPU cluster of the Slurm lane (scripts/slurm_local.sh,
+tests/run/test_e2e_slurm_real.py) cannot produce cheaply: a GPU request (`--gpus-per-node=8`,
+NPROC_PER_NODE=8, a 16-GPU global batch) and a job whose nodes have distinct addresses
+(127.0.0.1/127.0.0.2), in the fast e2e lane on a machine without Slurm.
+
 Installed by tests/conftest.py's `fake_slurm` fixture as one script per command name (argv[0] picks
 the command). Jobs live in $FAKE_SLURM_DIR/<id>.json. `sbatch` starts a detached runner that runs
 the batch script with the SLURM_* variables of an N-node allocation on 127.0.0.1..127.0.0.N,
@@ -164,8 +169,9 @@ def squeue(args: list[str]) -> int:
     try:
         state = load(job)["state"]
     except FileNotFoundError:
-        return 0
-    if state in ("PENDING", "RUNNING"):
+        print("slurm_load_jobs error: Invalid job id specified", file=sys.stderr)
+        return 1
+    if state in ("PENDING", "RUNNING") or "all" in args:
         print(state)
     return 0
 
@@ -193,6 +199,17 @@ def scontrol(args: list[str]) -> int:
             print("\n".join(args[2].split(",")), flush=True)
         except BrokenPipeError:  # `| head -n 1` stops reading: fine, as for the real one
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    if args[:2] == ["show", "node"]:  # the fake's node names are their addresses
+        print(f"NodeName={args[2]} NodeAddr={args[2]} NodeHostName={args[2]} State=ALLOCATED")
+        return 0
+    if args[:2] == ["show", "job"]:
+        try:
+            data = load(args[2])
+        except FileNotFoundError:
+            print("slurm_load_jobs error: Invalid job id specified", file=sys.stderr)
+            return 1
+        print(f"JobId={args[2]} JobState={data['state']} Restarts={data.get('restarts', 0)}")
         return 0
     if args[0] == "requeue":
         update(args[1], requeue=True)
