@@ -123,8 +123,9 @@ class Verdict:
     seen_positive_loss: bool = False
     first_step: int | None = None  # the attempt's first logged training step
     first_losses: tuple[float, ...] = ()  # the attempt's first `min_history` finite losses
-    zero_grads: tuple[BadRecord, ...] = ()  # the current run of grad_norm == 0
-    flat: tuple[BadRecord, ...] = ()  # the current run of equal losses (its first is the reference)
+    first_median: float = 0.0  # their median: the huge-spike reference
+    zero_grads: tuple[int | None, int] = (None, 0)  # the current run of grad_norm == 0: (first step, length)
+    flat: tuple[int | None, float, int] = (None, 0.0, 0)  # the current run of equal losses: (first step, loss, length)
     good_steps: tuple[int, ...] = ()  # the last good record steps, newest last (a late grad_norm moves back)
 
     @property
@@ -184,8 +185,8 @@ def _bad(v: Verdict, b: BadRecord, records: int) -> Verdict:
         records=records,
         spikes=(),
         skips=(),
-        zero_grads=(),
-        flat=(),
+        zero_grads=(None, 0),
+        flat=(None, 0.0, 0),
     )
 
 
@@ -201,9 +202,8 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
     has_loss = "loss" in rec
     loss = as_number(rec.get("loss"))
     grad = as_number(rec.get("grad_norm")) if "grad_norm" in rec else None
-    first_step = v.first_step if v.first_step is not None or not has_loss else step
-    if first_step != v.first_step:
-        v = replace(v, first_step=first_step)
+    if v.first_step is None and has_loss:  # once per attempt
+        v = replace(v, first_step=step)
     if has_loss and (loss is None or not math.isfinite(loss)):
         return _bad(v, BadRecord(step, Signal.NONFINITE_LOSS, {"loss": _shown(rec.get("loss"))}), n)
     if loss is not None and loss == 0.0 and v.seen_positive_loss and t.zero_loss_is_nan:
@@ -220,31 +220,27 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
             return _bad(v, replace(first, values={**first.values, "consecutive": len(skips)}), n)
     else:
         skips = ()
-    zero_grads = v.zero_grads
-    if "grad_norm" in rec and grad is not None:
+    zero = v.zero_grads
+    if grad is not None:
         # A dead model: the optimizer has nothing to follow. Exactly 0, as HF logs it ('0').
-        zero_grads = (*zero_grads, BadRecord(step, Signal.ZERO_GRAD_NORM, {"grad_norm": 0.0})) if grad == 0 else ()
-        if len(zero_grads) >= t.dead_steps:
-            first = zero_grads[0]
-            return _bad(v, replace(first, values={**first.values, "consecutive": len(zero_grads)}), n)
+        zero = ((step if zero[1] == 0 else zero[0]), zero[1] + 1) if grad == 0 else (None, 0)
+        if zero[1] >= t.dead_steps:
+            return _bad(v, BadRecord(zero[0], Signal.ZERO_GRAD_NORM, {"grad_norm": 0.0, "consecutive": zero[1]}), n)
     if loss is None:
-        return replace(v, records=n, skips=skips, zero_grads=zero_grads)
+        return replace(v, records=n, skips=skips, zero_grads=zero)
     positive = v.seen_positive_loss or loss > 0
-    firsts = v.first_losses
-    ref = statistics.median(firsts) if firsts else 0.0
+    ref = v.first_median
     if ref > 0 and loss > t.huge_spike_factor * ref:
         return _bad(v, BadRecord(step, Signal.HUGE_SPIKE, {"loss": loss, "first_losses": round(ref, 6)}), n)
+    firsts = v.first_losses
     if len(firsts) < t.min_history:
         firsts = (*firsts, loss)
-    flat = v.flat
-    if flat and abs(loss - flat[0].values["loss"]) <= t.flat_rtol * abs(flat[0].values["loss"]):
-        flat = (*flat, BadRecord(step, Signal.FLAT_LOSS, {"loss": loss}))
-    else:
-        flat = (BadRecord(step, Signal.FLAT_LOSS, {"loss": loss}),)
-    if len(flat) >= t.dead_steps:
-        first = flat[0]
-        return _bad(v, replace(first, values={**first.values, "consecutive": len(flat)}), n)
-    v = replace(v, first_losses=firsts, flat=flat, zero_grads=zero_grads)
+        ref = statistics.median(firsts)
+    f_step, f_loss, f_n = v.flat
+    flat = (f_step, f_loss, f_n + 1) if f_n and abs(loss - f_loss) <= t.flat_rtol * abs(f_loss) else (step, loss, 1)
+    if flat[2] >= t.dead_steps:
+        return _bad(v, BadRecord(flat[0], Signal.FLAT_LOSS, {"loss": flat[1], "consecutive": flat[2]}), n)
+    tracked = {"first_losses": firsts, "first_median": ref, "flat": flat, "zero_grads": zero}
     if len(v.recent) >= t.min_history:
         median = statistics.median(v.recent)
         if median > 0 and loss > t.spike_factor * median:
@@ -261,6 +257,7 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
                 since_spike=0,
                 skips=skips,
                 seen_positive_loss=positive,
+                **tracked,
             )
     # A good record: it extends the median's window and is a candidate rollback point.
     known_good = step is not None and not skips
@@ -277,8 +274,9 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
         # Inside a run of fp16 skips the step is not yet known good: the run may become the divergence.
         # (A run of zero grad_norms or equal losses that becomes one moves the last good step back, _bad.)
         last_good_step=step if known_good else v.last_good_step,
-        good_steps=(*v.good_steps, step)[-64:] if known_good else v.good_steps,
+        good_steps=(*v.good_steps, step)[-16:] if known_good else v.good_steps,
         seen_positive_loss=positive,
+        **tracked,
     )
 
 
