@@ -239,7 +239,10 @@ def test_schedule_run_never_starts_a_trainer_beside_the_orphan_of_its_last_run(t
     )
     try:
         runs = tmp_path / "home" / "runs"
-        run_dir = wait_for(lambda: next(iter(runs.iterdir()), None) if runs.is_dir() else None)
+        # a run folder is written as .ID.tmp and renamed: wait for the real one
+        run_dir = wait_for(
+            lambda: next((p for p in runs.iterdir() if not p.name.startswith(".")), None) if runs.is_dir() else None
+        )
         orphan = wait_for(lambda: (run_dir / "state.json").exists() and state(run_dir).get("trainer_pid"))
         wait_for(lambda: "fake trainer attempt 1" in (run_dir / "train.log").read_text())
         first.kill()  # kill -9 of `schedule run`, its trainer training on

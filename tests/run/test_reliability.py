@@ -215,7 +215,7 @@ def test_case5_hardware_file_of_the_wrong_shape_is_exit_4(tmp_path):
     hw = tmp_path / "hw.json"
     hw.write_text('{"gpus": "x"}')
     r = cli("plan", str(config(tmp_path)), "--hardware", str(hw))
-    assert r.exit_code == 4 and "does not describe a machine" in " ".join(r.output.split())
+    assert r.exit_code == 4 and "malformed: gpus must be a list" in " ".join(r.output.split())
 
 
 # ---------------------------------------------------------------- case 6: invalid values
