@@ -107,7 +107,13 @@ def main() -> None:
                 w.feed(b)
             final.append(w.verdict)
 
+    def keep() -> None:
+        with tempfile.TemporaryDirectory() as d:
+            for chunk in raw:
+                run_records.keep(Path(d), chunk)
+
     n = len(recs)
+    t_keep = min(cpu(keep) for _ in range(args.repeat))
     t_parse = min(cpu(parse) for _ in range(args.repeat))
     t_judge = min(cpu(judge) for _ in range(args.repeat))
     t_watch = min(cpu(watch) for _ in range(args.repeat))
@@ -117,6 +123,7 @@ def main() -> None:
     print(f"  judge (numeric health, added):          {1e6 * t_judge / n:7.2f} us/record  ({t_judge:.3f} s)")
     print("  watch (console pairing + judge + state writes on change, 2 console lines/record):")
     print(f"                                          {1e6 * t_watch / n:7.2f} us/record  ({t_watch:.3f} s)")
+    print(f"  of which keeping the run's copy (one append per poll): {1e6 * t_keep / n:7.2f} us/record")
     print(f"  judge / parse: {t_judge / t_parse:.2f}; watch / parse: {t_watch / t_parse:.2f}")
     if args.real:
         real(args.real)
