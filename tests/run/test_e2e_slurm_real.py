@@ -269,3 +269,12 @@ def test_one_rank_stopped_is_caught_as_stalled_and_resumed(tiny, tmp_path, env):
     stalled = [e for e in events(run_dir) if e["event"] == "stalled"]
     assert len(stalled) == 1 and done["attempt"] == 2, [e["event"] for e in events(run_dir)]
     every_step_once(started["out"], 32, resumed_from(run_dir))
+
+
+def test_a_job_sbatch_refuses_leaves_nothing_behind(tiny, tmp_path, env, isolated_home):
+    cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, tmp_path / "out"))
+    r = ftl("train", str(cfg), "--slurm", "--nodes", "2", "--gpu", "none", "--partition", "nosuch", env=env)
+    assert r.returncode == 13, r.stdout + r.stderr
+    assert "sbatch refused the job (sbatch exit 1)" in r.stderr and "invalid partition" in r.stderr, r.stderr
+    assert not list((isolated_home / "runs").glob("*")), "a refused job left a run behind"
+    assert ftl("runs", "--json", env=env).stdout.strip() == "[]"
