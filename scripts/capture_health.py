@@ -52,7 +52,6 @@ def main() -> None:
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny.py"), str(tiny)], check=True)
     sys.path.insert(0, str(ROOT / "tests"))
     import yaml
-
     from conftest import tiny_config  # the tests' own tiny config
 
     cli = Path(sys.executable).parent / "llamafactory-cli"
