@@ -21,7 +21,7 @@ class RunOptions(PlanSettings):
     max_retries: int = 4
     max_crash_retries: int = 2
     no_recover: bool = False
-    on_diverge: str = "rollback"  # numeric health: rollback | stop | ignore (ftlaunch.run.health)
+    on_diverge: str = "rollback"  # numeric health: rollback | rollback-or-restart | stop | ignore (run.health)
     stall_timeout: float | None = None  # the stall watchdog (ftlaunch.run.stall); None: derived
     max_stall_restarts: int = 2
 
