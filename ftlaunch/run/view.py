@@ -27,7 +27,7 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
     trainer_live = liveness(state.trainer_pid, state.trainer_start)
     slurm_state = None
     if state.slurm_job_id:
-        status, slurm_state = _slurm_status(state.slurm_job_id, status, live, os.environ if env is None else env)
+        status, slurm_state = _slurm_status(state.slurm_job_id, status, os.environ if env is None else env)
     elif not status.is_terminal() and live is Liveness.DEAD:
         status = RunStatus.LOST
     p = state.progress or {}
@@ -96,9 +96,7 @@ def stall_view(state: RunState, now: float, live: bool) -> dict[str, Any]:
     }
 
 
-def _slurm_status(
-    job_id: str, recorded: RunStatus, live: Liveness, env: Mapping[str, str]
-) -> tuple[RunStatus, str | None]:
+def _slurm_status(job_id: str, recorded: RunStatus, env: Mapping[str, str]) -> tuple[RunStatus, str | None]:
     """A Slurm run: queued/starting while Slurm holds the job and no supervisor has taken over; the
     supervisor's own status while the job runs; lost when Slurm no longer runs the job and no final
     status was written. From squeue and scontrol, so it works without accounting (sacct); when no

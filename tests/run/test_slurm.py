@@ -222,3 +222,30 @@ def test_without_slurm_on_path_the_error_says_so(tmp_path):
     with pytest.raises(TrainerError, match="not a Slurm login node"):
         slurm.submit(tmp_path / "job.sbatch", {"PATH": str(tmp_path)})
     assert slurm.job_state("1", {"PATH": str(tmp_path)}) is None
+
+
+def test_status_of_a_slurm_run_without_accounting_and_when_slurm_is_down(tmp_path):
+    from ftlaunch.run.state import RunState
+    from ftlaunch.run.store import write_state
+    from ftlaunch.run.view import run_view
+
+    run_dir = tmp_path / "R"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text("")
+    write_state(run_dir, RunState(id="R", status=RunStatus.RUNNING, slurm_job_id="7", output_dir=str(tmp_path / "o")))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+
+    def commands(squeue: str, scontrol: str) -> dict[str, str]:
+        for name, body in {"squeue": squeue, "scontrol": scontrol, "sacct": "echo disabled >&2; exit 1"}.items():
+            (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
+            (bindir / name).chmod(0o755)
+        return {"PATH": f"{bindir}:/usr/bin:/bin"}
+
+    gone = "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"
+    assert run_view(run_dir, env=commands(gone, gone))["status"] == "lost"  # Slurm forgot it, no final status
+    running = commands("echo RUNNING", "echo JobState=RUNNING Restarts=0")
+    assert run_view(run_dir, env=running)["slurm_state"] == "RUNNING"
+    down = commands("echo 'Unable to contact slurm controller' >&2; exit 1", "exit 1")
+    v = run_view(run_dir, env=down)
+    assert (v["status"], v["slurm_state"]) == ("running", None)  # no answer: as recorded (fail closed)
