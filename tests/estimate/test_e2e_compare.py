@@ -61,7 +61,11 @@ def test_train_simulates_a_tight_plan_first(tiny, tmp_path):
                       gradient_accumulation_steps=8, max_steps=1)  # fmt: skip
     path = write_yaml(tmp_path / "seed.yaml", cfg)
     wrapper = tmp_path / "fake-llamafactory-cli"
-    wrapper.write_text("#!/bin/sh\nexit 0\n")
+    # a trainer that logs one optimizer step (one that logs none did not train: a config error)
+    wrapper.write_text(
+        '#!/bin/sh\nout=$(sed -n \'s/^output_dir: //p\' "$2")\nmkdir -p "$out"\n'
+        'echo \'{"current_steps": 1, "total_steps": 1, "loss": 1.0}\' >> "$out/trainer_log.jsonl"\n'
+    )
     wrapper.chmod(0o755)
     env = dict(os.environ, FTLAUNCH_LLAMAFACTORY_CLI=str(wrapper))
     args = ["train", str(path), "--gpu", "V100-32GB", "--foreground", "--json"]

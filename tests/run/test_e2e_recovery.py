@@ -80,8 +80,10 @@ def test_no_recover_fails_at_first_oom(tiny, tmp_path):
 
 def test_config_error_is_not_retried(tiny, tmp_path):
     out = tmp_path / "out"
-    # A dataset name that is not in dataset_info.json: llamafactory raises a ValueError at start.
-    cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, out, dataset="no_such_dataset", max_steps=4))
+    # A template that does not exist: llamafactory raises a ValueError once it loads the data (its
+    # argument parser, which the preflight runs, does not check it; an unknown dataset name is now
+    # refused before the start: tests/plan/test_values.py).
+    cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, out, template="no_such_template", max_steps=4))
     r = ftl("train", str(cfg), "--foreground")
     assert r.returncode == 1
     s = json.loads(ftl("status", "--json").stdout)
