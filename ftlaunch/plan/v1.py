@@ -356,7 +356,7 @@ def plan_v1(
         warnings.append("quant_config (quantized LoRA) needs a CUDA GPU; this run will fail on the CPU")
     warnings.append(
         "USE_V1 config: memory is not modelled for the v1 trainer yet; micro_batch_size is kept as written "
-        "(the supervisor's OOM recovery does not adapt v1 keys either)"
+        "(a CUDA OOM at run time halves it, global_batch_size kept)"
     )
     return Plan(
         config=ed.values,
