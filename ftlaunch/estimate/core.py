@@ -19,6 +19,7 @@ from typing import Any
 
 from ftlaunch.estimate.padding import Padding, TokenStats, padding_for, sampling_of
 from ftlaunch.estimate.throughput import ModelShape, Throughput, flops_per_token
+from ftlaunch.plan.batch import epoch_steps
 from ftlaunch.run.accounting import gpu_hours
 
 # ============================================================================================
@@ -52,8 +53,7 @@ def optimizer_steps(
     """
     if micro_batch < 1 or accumulation < 1 or world_size < 1:
         raise ValueError("micro_batch, accumulation and world_size must be >= 1")
-    batches = math.ceil(rows / (micro_batch * world_size)) if rows else 0
-    per_epoch = max(math.ceil(batches / accumulation), 1)
+    batches, per_epoch = epoch_steps(rows, micro_batch, accumulation, world_size)
     if max_steps is not None and max_steps > 0:
         total = int(max_steps)
         covered = total / per_epoch

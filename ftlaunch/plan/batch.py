@@ -6,6 +6,8 @@ chooser and the OOM ladder all step down through them); ``split_batch`` picks on
 
 from __future__ import annotations
 
+import math
+
 
 def divisors_desc(n: int) -> list[int]:
     """The divisors of ``n``, largest first."""
@@ -16,3 +18,11 @@ def split_batch(per_device: int, preferred_micro: int) -> tuple[int, int]:
     """The largest micro-batch <= preferred that divides per_device, and the accumulation."""
     micro = next(d for d in divisors_desc(per_device) if d <= max(1, preferred_micro))
     return micro, per_device // micro
+
+
+def epoch_steps(rows: int, micro_batch: int, accumulation: int, world: int) -> tuple[int, int]:
+    """(micro-batches per device, optimizer steps) of one epoch over ``rows``, as transformers'
+    Trainer counts them: ceil(rows / (micro x world)) micro-batches (no drop_last), ceil(that /
+    accumulation) steps, at least 1 (the last step of an epoch accumulates fewer)."""
+    batches = math.ceil(rows / (max(1, micro_batch) * max(1, world))) if rows else 0
+    return batches, max(1, math.ceil(batches / max(1, accumulation)))

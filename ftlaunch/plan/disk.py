@@ -33,9 +33,10 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
+from ftlaunch.plan.batch import epoch_steps
 from ftlaunch.plan.config import truthy
 from ftlaunch.plan.memory.setup import TrainSetup
-from ftlaunch.plan.memory.states import _optimizer_state_bytes, dtype_bytes, lora_modules, trainable_params
+from ftlaunch.plan.memory.states import dtype_bytes, lora_modules, optimizer_state_bytes, trainable_params
 from ftlaunch.plan.modelspec import ModelSpec
 
 MIB = 2**20
@@ -108,8 +109,7 @@ def run_length(
     max_steps = int(values.get("max_steps") or -1)
     per_epoch = None
     if rows is not None:
-        batches = math.ceil(rows / (max(1, micro_batch) * max(1, world)))
-        per_epoch = max(1, math.ceil(batches / max(1, accumulation)))
+        per_epoch = epoch_steps(rows, micro_batch, accumulation, world)[1]
     if max_steps > 0:
         return RunLength(max_steps, per_epoch, f"max_steps {max_steps}")
     if per_epoch is None:
@@ -202,7 +202,7 @@ def _optimizer_bytes(spec: ModelSpec, setup: TrainSetup, trainable: int, adapter
     """Bytes of optimizer.pt (or DeepSpeed's global_stepN/) for one checkpoint, and why."""
     act = dtype_bytes(setup.compute_dtype)
     if setup.zero_stage:
-        per = 4 + _optimizer_state_bytes(setup.optimizer, 4, spec)  # fp32 master + fp32 states
+        per = 4 + optimizer_state_bytes(setup.optimizer, 4, spec)  # fp32 master + fp32 states
         module = 0
         if setup.zero_stage < 3:  # mp_rank_00_model_states.pt: the 16-bit module (PEFT: trainable only)
             adapter = setup.finetuning_type in ("lora", "oft")
@@ -210,7 +210,7 @@ def _optimizer_bytes(spec: ModelSpec, setup: TrainSetup, trainable: int, adapter
         why = f"DeepSpeed: fp32 master + {setup.optimizer} state ({per:g} B/trainable param)"
         return int(trainable * per) + module + DEEPSPEED_FILES_BYTES, why
     wt = act if setup.pure_bf16 else 4
-    per = _optimizer_state_bytes(setup.optimizer, wt, spec)
+    per = optimizer_state_bytes(setup.optimizer, wt, spec)
     overhead = 3 * adapter_tensors * TORCH_SAVE_BYTES_PER_TENSOR
     return int(trainable * per) + overhead, f"{setup.optimizer} state {per:g} B/trainable param, no master copy"
 

@@ -464,7 +464,7 @@ def p2p_from_nvml(nvml: Any) -> dict[tuple[str, str], int]:
 # ---------------------------------------------------------------- the shell
 
 
-def _load_pynvml() -> Any:
+def load_pynvml() -> Any:
     import pynvml  # nvidia-ml-py; light, no CUDA runtime needed
 
     return pynvml
@@ -500,7 +500,7 @@ def probe(
     env: Mapping[str, str],
     *,
     disk_path: str | Path = ".",
-    nvml_loader: Callable[[], Any] = _load_pynvml,
+    nvml_loader: Callable[[], Any] = load_pynvml,
     smi_runner: Callable[[], str] = _run_nvidia_smi,
 ) -> Hardware:
     """Probe this machine. Never raises for a missing GPU: records why in ``notes``."""
@@ -580,13 +580,13 @@ def _usage_per_device(pids: set[int], nvml_loader: Callable[[], Any]) -> list[in
             pass
 
 
-def gpu_memory_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml) -> float | None:
+def gpu_memory_of(pids: set[int], nvml_loader: Callable[[], Any] = load_pynvml) -> float | None:
     """GiB of GPU memory used by these processes, all GPUs together, per NVML; None when NVML cannot tell."""
     used = _usage_per_device(pids, nvml_loader)
     return None if used is None else round(sum(used) / 2**30, 2)
 
 
-def gpu_peak_of(pids: set[int], nvml_loader: Callable[[], Any] = _load_pynvml) -> float | None:
+def gpu_peak_of(pids: set[int], nvml_loader: Callable[[], Any] = load_pynvml) -> float | None:
     """GiB used by these processes on the busiest GPU (the memory model is per GPU); None when NVML
     cannot tell (no GPU, no driver) or they hold no GPU memory."""
     busiest = max(_usage_per_device(pids, nvml_loader) or [], default=0)

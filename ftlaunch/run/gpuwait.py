@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ftlaunch.plan.hardware import _load_pynvml, filter_visible, gpu_memory_of, gpus_from_nvml
+from ftlaunch.plan.hardware import filter_visible, gpu_memory_of, gpus_from_nvml, load_pynvml
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def wait_gpu_released(
 # ---------------------------------------------------------------- the NVML shell
 
 
-def gpu_used_mib(visible: str | None = None, nvml_loader: Callable[[], Any] = _load_pynvml) -> float | None:
+def gpu_used_mib(visible: str | None = None, nvml_loader: Callable[[], Any] = load_pynvml) -> float | None:
     """MiB in use on the GPUs the trainer sees (CUDA_VISIBLE_DEVICES ``visible``), all processes
     together; None when NVML cannot tell (no GPU, no driver, none visible)."""
     try:
@@ -99,7 +99,7 @@ def gpu_used_mib(visible: str | None = None, nvml_loader: Callable[[], Any] = _l
     return float(sum(g.total_mib - (g.free_mib or 0) for g in gpus))
 
 
-def gpu_pids_gone(pids: Iterable[int], nvml_loader: Callable[[], Any] = _load_pynvml) -> bool:
+def gpu_pids_gone(pids: Iterable[int], nvml_loader: Callable[[], Any] = load_pynvml) -> bool:
     """None of these processes holds GPU memory, per NVML (True when NVML cannot tell: then
     ``gpu_used_mib`` is None too and nothing is waited for). In a container NVML may list host pids
     that match none of ours: the memory figure is what the wait then rests on."""
@@ -107,7 +107,7 @@ def gpu_pids_gone(pids: Iterable[int], nvml_loader: Callable[[], Any] = _load_py
 
 
 def nvml_probes(
-    pids: Iterable[int], visible: str | None = None, nvml_loader: Callable[[], Any] = _load_pynvml
+    pids: Iterable[int], visible: str | None = None, nvml_loader: Callable[[], Any] = load_pynvml
 ) -> tuple[Callable[[], bool], Callable[[], float | None]]:
     """The (pids_gone, used_mib) pair for ``wait_gpu_released``: ``pids`` are the old trainer's
     processes (its group), ``visible`` the trainer's CUDA_VISIBLE_DEVICES."""

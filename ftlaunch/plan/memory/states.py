@@ -112,7 +112,7 @@ def _quant_bytes_per_param(bits: int, in_features: int) -> float:
     return bits / 8 + 4 / 64
 
 
-def _optimizer_state_bytes(optim: str, state_bytes: int, spec: ModelSpec) -> float:
+def optimizer_state_bytes(optim: str, state_bytes: int, spec: ModelSpec) -> float:
     """Optimizer state bytes per trainable parameter (states kept in the parameter's dtype).
 
     HF "model memory anatomy": AdamW 8 bytes/param (two fp32 moments), 8-bit AdamW (bitsandbytes)
@@ -208,7 +208,7 @@ def model_states(spec: ModelSpec, setup: TrainSetup, trainable: int) -> ModelSta
         (nn.Linear weights at _quant_bytes_per_param, everything else at the compute dtype);
       - trainable weights upcast to fp32 unless pure_bf16 ("cast_trainable_params_to_fp32");
       - AMP autocast caches a 16-bit copy of every fp32 trainable weight during forward (2 bytes);
-      - gradients in the trainable parameter's dtype; optimizer states per _optimizer_state_bytes.
+      - gradients in the trainable parameter's dtype; optimizer states per optimizer_state_bytes.
       Full AMP: 4 + 2 + 4 + 8 = 18 bytes/param (LLaMA-Factory README "Full (bf16 or fp16)": 18x GB);
       pure_bf16: 2 + 2 + 4 = 8 bytes/param (README "Full (pure_bf16)": 8x GB).
     ZeRO-1/2 (DeepSpeed estimate_zero2model_states_mem_needs, generalised to a trainable subset T):
@@ -248,7 +248,7 @@ def model_states(spec: ModelSpec, setup: TrainSetup, trainable: int) -> ModelSta
         resident = frozen_bytes + T * wt
         weights = resident + T * amp_copy
         grads = T * wt
-        opt = T * _optimizer_state_bytes(setup.optimizer, wt, spec)
+        opt = T * optimizer_state_bytes(setup.optimizer, wt, spec)
         transient = T * wt * _optimizer_step_transient(setup.optimizer)
         head_copy = 0.0
         emb_extra = 0.0
@@ -269,7 +269,7 @@ def model_states(spec: ModelSpec, setup: TrainSetup, trainable: int) -> ModelSta
     # DeepSpeed: module cast to 16-bit, fp32 master + fp32 grad partition + states in fp32
     half = 2 if act_bytes == 2 else 4
     params16 = frozen_bytes * (half / act_bytes) + (base_trainable + adapter) * half
-    states_per_t = 4 + _optimizer_state_bytes(setup.optimizer, 4, spec)  # master + optimizer states
+    states_per_t = 4 + optimizer_state_bytes(setup.optimizer, 4, spec)  # master + optimizer states
     fp32_grad = 4.0
     transient = 0.0
     host = 0.0
