@@ -44,7 +44,7 @@ from ftlaunch.run.recovery import Action, Exit, classify, decide, without_steps
 from ftlaunch.run.rollback import HealthWatch
 from ftlaunch.run.stacks import StackDump, dump_stacks, find_py_spy
 from ftlaunch.run.stall import EVAL_MARK, SAVE_MARK, StallPolicy, Watchdog
-from ftlaunch.run.state import Budget, FailureKind, RunStatus
+from ftlaunch.run.state import Budget, FailureKind, RunState, RunStatus
 from ftlaunch.run.store import read_secrets, read_state
 from ftlaunch.run.tail import Tail
 from ftlaunch.run.trainer import find_trainer, redact, trainer_command, trainer_env
@@ -210,23 +210,8 @@ class Supervisor:
             if health is not None:
                 ex = Exit(FailureKind.DIVERGED, health.message)
                 return self._finish(RunStatus.DIVERGED, ex, rc, health.message, values, budget)
-            if (stalled is not None or disk_full is not None) and self.stop_signal is None:
-                ex = Exit(FailureKind.STALLED, stalled) if stalled is not None else Exit(FailureKind.DISK_FULL, "")
-            else:
-                ex = classify(rc, log_text, stop_requested=self.stop_signal is not None)
-                earlier = read_state(self.run_dir)
-                stepped = (
-                    step is not None or bool((earlier.progress or {}).get("step")) or bool(earlier.best_checkpoint)
-                )
-                ex = without_steps(ex, stepped or prog.last_complete_checkpoint(out, weights_only) is not None)
-            if disk_full is not None and self.stop_signal is None:
-                ex = Exit(FailureKind.DISK_FULL, disk_full)
-            elif ex.kind in (FailureKind.CRASH, FailureKind.CONFIG) and enospc_in(log_text):
-                ex = Exit(FailureKind.DISK_FULL, f"a save ran out of space: {enospc_line(log_text)}")
-            if ex.kind is FailureKind.DISK_FULL:
-                ex = self._after_disk_full(ex, out, weights_only)
-            if ex.kind is FailureKind.HOST_OOM:
-                ex = with_kernel_evidence(ex, read_state(self.run_dir).trainer_pid, self.read_kernel_log)
+            ended = read_state(self.run_dir)  # once: what the attempt recorded
+            ex = self._why_it_ended(rc, log_text, step, stalled, disk_full, ended, out, weights_only)
             self.journal.exited(attempt, rc, ex, step)
             # ZeRO-3 offload only where the trainer can run it and LLaMA-Factory accepts it for this config
             offload_ok = (
@@ -242,7 +227,7 @@ class Supervisor:
                 offload_ok=offload_ok,
                 step=step,
                 resume_from=last[1].name if last else None,
-                no_progress=read_state(self.run_dir).no_progress_attempts,
+                no_progress=ended.no_progress_attempts,
             )
             budget = d.budget
             if d.action is Action.RETRY:
@@ -442,11 +427,40 @@ class Supervisor:
         self.journal.say(f"ftlaunch: {why}; stopping the trainer before it writes a partial checkpoint")
         return why
 
-    def _after_disk_full(self, ex: Exit, out: Path, weights_only: bool) -> Exit:
+    def _why_it_ended(
+        self,
+        rc: int,
+        log_text: str,
+        step: int | None,
+        stalled: str | None,
+        disk_full: str | None,
+        ended: RunState,
+        out: Path,
+        weights_only: bool,
+    ) -> Exit:
+        """What ended the attempt: a stall or the disk check (ours), else the trainer's exit and log,
+        with a zero-step success, an ENOSPC and a bare SIGKILL told apart."""
+        stopped = self.stop_signal is not None
+        if stalled is not None and not stopped:
+            return Exit(FailureKind.STALLED, stalled)
+        if disk_full is not None and not stopped:
+            ex = Exit(FailureKind.DISK_FULL, disk_full)
+        else:
+            ex = classify(rc, log_text, stop_requested=stopped)
+            stepped = step is not None or bool((ended.progress or {}).get("step")) or bool(ended.best_checkpoint)
+            ex = without_steps(ex, stepped or prog.last_complete_checkpoint(out, weights_only) is not None)
+            if ex.kind in (FailureKind.CRASH, FailureKind.CONFIG) and enospc_in(log_text):
+                ex = Exit(FailureKind.DISK_FULL, f"a save ran out of space: {enospc_line(log_text)}")
+        if ex.kind is FailureKind.DISK_FULL:
+            return self._after_disk_full(ex, out, weights_only, ended.disk)
+        if ex.kind is FailureKind.HOST_OOM:
+            return with_kernel_evidence(ex, ended.trainer_pid, self.read_kernel_log)
+        return ex
+
+    def _after_disk_full(self, ex: Exit, out: Path, weights_only: bool, fc: Mapping[str, Any] | None) -> Exit:
         """ENOSPC (or the check before a save): remove only the partial folder of the failed save (it
         can never be resumed), keep every complete checkpoint, and say where the space went."""
         removed = remove_partial(out, weights_only)
-        fc = read_state(self.run_dir).disk
         size = DiskForecast.from_dict(fc).checkpoint_bytes if fc else None
         last = prog.last_complete_checkpoint(out, weights_only)
         parts = [ex.message] if ex.message else []
