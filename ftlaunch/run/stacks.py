@@ -17,6 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from ftlaunch.run.procs import group_members
+
 
 @dataclass(frozen=True)
 class StackDump:
@@ -43,17 +45,11 @@ def find_py_spy(env: Mapping[str, str], trainer: list[str] | None = None) -> str
 
 def trainer_pids(root: int) -> list[int]:
     """The trainer and every process below it, or in its process group (workers can outlive a parent)."""
-    pids = {root}
+    pids = {root, *group_members(root)}
     try:
         pids.update(c.pid for c in psutil.Process(root).children(recursive=True))
     except psutil.Error:
         pass
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(proc.pid) == root:
-                pids.add(proc.pid)
-        except OSError:
-            continue
     return sorted(pids)
 
 
