@@ -29,6 +29,7 @@ class ExitCode(IntEnum):
     STALLED = 15  # the trainer made no progress for longer than the stall timeout, restarts spent
     NO_PROGRESS = 16  # attempts kept failing without a new checkpoint (restart brake); not requeued
     DISK_FULL = 17  # the output_dir's filesystem cannot hold a checkpoint (refused, or ENOSPC while saving)
+    ENV_CHANGED = 18  # a package that decides training changed since the checkpoint to resume was made
 
 
 class FtlaunchError(Exception):
@@ -120,3 +121,10 @@ class DiskFullError(FtlaunchError):
     """The output_dir's filesystem cannot hold what the run will write (checked before it starts)."""
 
     exit_code = ExitCode.DISK_FULL
+
+
+class EnvChangedError(FtlaunchError):
+    """A resume from a checkpoint across a change of a package that decides training (torch,
+    transformers, llamafactory, ...): refused before anything starts, unless --allow-env-change."""
+
+    exit_code = ExitCode.ENV_CHANGED

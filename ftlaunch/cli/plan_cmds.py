@@ -6,6 +6,7 @@ Each parses, calls one use case (make_plan, the hardware probe, prefetch_model) 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -83,14 +84,36 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
 
 @click.command("env")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable; feed it to --hardware elsewhere.")
-def env_cmd(as_json: bool) -> None:
-    """What ftlaunch sees: GPUs, driver, RAM, disk, versions.
+@click.option(
+    "--lock",
+    "lock_run",
+    is_flag=False,
+    flag_value="",
+    metavar="[RUN]",
+    help="Print a pip requirements file that re-creates the environment RUN (default the latest) trained with.",
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="--lock: write it to this file instead.")
+@click.option("--diff", "diff_run", metavar="RUN", help="What differs between RUN's environment and RUN2's, or now's.")
+@click.argument("run2", required=False)
+def env_cmd(as_json: bool, lock_run: str | None, output: str | None, diff_run: str | None, run2: str | None) -> None:
+    """What ftlaunch sees: GPUs, driver, RAM, disk, versions; a run's environment, locked or compared.
+
+    Every attempt of a run records the trainer's environment (every installed distribution, CUDA,
+    driver, GPUs) in <run_dir>/environment/. --lock pins it as `name==version` lines for pip;
+    --diff RUN [RUN2] lists what changed, the packages that decide training first.
 
     \b
     Examples:
       ftlaunch env
       ftlaunch env --json > hw.json   # then elsewhere: ftlaunch plan cfg.yaml --hardware hw.json
+      ftlaunch env --lock nightly -o requirements-nightly.txt
+      ftlaunch env --diff nightly     # the run's environment against this machine's now
     """
+    if lock_run is not None or diff_run is not None:
+        _run_environment(as_json, lock_run, output, diff_run, run2)
+        return
+    if output or run2:
+        raise click.UsageError("-o goes with --lock, RUN2 with --diff")
     from ftlaunch.plan.hardware import probe
     from ftlaunch.plan.render import hardware_renderables
 
@@ -100,6 +123,47 @@ def env_cmd(as_json: bool) -> None:
         return
     for r in hardware_renderables(hw):
         console.print(r)
+
+
+def _run_environment(
+    as_json: bool, lock_run: str | None, output: str | None, diff_run: str | None, run2: str | None
+) -> None:
+    """`env --lock [RUN]` and `env --diff RUN [RUN2]`."""
+    from rich.table import Table
+
+    from ftlaunch.files import write_text_atomic
+    from ftlaunch.run.environment import diff_of_runs, lock_of_run
+    from ftlaunch.run.store import find_run
+
+    if lock_run is not None and diff_run is not None:
+        raise click.UsageError("--lock and --diff are separate commands")
+    if lock_run is not None:
+        if as_json or run2:
+            raise click.UsageError("--lock writes a requirements file: no --json, one RUN")
+        text = lock_of_run(find_run(env_now(), lock_run or None))
+        if output:
+            write_text_atomic(Path(output), text)
+            err_console.print(f"wrote {output} ({len(text.splitlines())} lines)", highlight=False)
+        else:
+            click.echo(text, nl=False)
+        return
+    if output:
+        raise click.UsageError("-o goes with --lock")
+    other = find_run(env_now(), run2) if run2 else None
+    (la, a), (lb, b), diff = diff_of_runs(find_run(env_now(), diff_run), other, env_now())
+    if as_json:
+        echo_json({"before": la, "after": lb, "hash_before": a.digest(), "hash_after": b.digest(), **diff.to_json()})
+        return
+    if not diff.changed:
+        console.print(f"{la} and {lb}: the same environment (sha256 {a.digest()[:16]})", highlight=False)
+        return
+    t = Table(title=f"environment: {la} -> {lb}")
+    for col in ("", "package", la, lb):
+        t.add_column(col)
+    for kind, rows in (("decides training", diff.deciding), ("other", diff.other), ("system", diff.system)):
+        for d in rows:
+            t.add_row(kind, d.what, *(str(x) if x is not None else "(none)" for x in (d.before, d.after)))
+    console.print(t)
 
 
 @click.command()

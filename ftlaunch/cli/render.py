@@ -128,6 +128,7 @@ STATUS_ROWS = (
     ("observed_peak_gib", "GPU peak GiB observed"),
     ("output_dir", "output_dir"),
     ("run_dir", "run_dir"),
+    ("environment_changed", "environment"),
     ("message", "message"),
 )
 

@@ -285,7 +285,18 @@ def stop(run: str | None, grace: float) -> None:
     is_flag=True,
     help="Accept overrides that change micro-batch x accumulation x world size (what is trained).",
 )
-def resume(args: tuple[str, ...], foreground: bool, follow: bool | None, allow_global_batch_change: bool) -> None:
+@click.option(
+    "--allow-env-change",
+    is_flag=True,
+    help="Resume from the checkpoint although torch/transformers/llamafactory/peft/... changed since (else exit 18).",
+)
+def resume(
+    args: tuple[str, ...],
+    foreground: bool,
+    follow: bool | None,
+    allow_global_batch_change: bool,
+    allow_env_change: bool,
+) -> None:
     """Re-attach to RUN if alive (follow its log); else restart it from its last complete checkpoint.
 
     A Slurm run is never trained where `resume` is typed: while Slurm holds its job nothing is done
@@ -318,6 +329,7 @@ def resume(args: tuple[str, ...], foreground: bool, follow: bool | None, allow_g
         foreground=foreground,
         overrides=overrides,
         allow_global_batch_change=allow_global_batch_change,
+        allow_env_change=allow_env_change,
     )
     pid = resumed.pid
     if resumed.outcome is ResumeOutcome.ALIVE:

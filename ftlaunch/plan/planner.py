@@ -19,6 +19,7 @@ from ftlaunch.plan import rules
 from ftlaunch.plan.batch import split_batch
 from ftlaunch.plan.change import REMOVED, Change
 from ftlaunch.plan.config import truthy
+from ftlaunch.plan.environment import default_notes
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.memory.setup import deepspeed_stage
 
@@ -46,6 +47,8 @@ class Plan:
     accumulation: int
     warnings: tuple[str, ...] = ()
     memory: Mapping[str, Any] | None = None
+    # Defaults the installed versions decide (plan/environment.py default_notes): said, not changed.
+    notes: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
     # A plan whose config names its run's folder (pre-downloaded hub datasets) is made for one run:
     # its id, and the JSON files that folder gets beside config.yaml (name -> content).
@@ -73,6 +76,7 @@ class Plan:
             "micro_batch": self.micro_batch,
             "gradient_accumulation_steps": self.accumulation,
             "warnings": list(self.warnings),
+            "notes": list(self.notes),
             "memory": dict(self.memory) if self.memory is not None else None,
             **dict(self.extra),
         }
@@ -430,4 +434,5 @@ def plan(
         accumulation=accum,
         warnings=tuple(warnings),
         memory=memory,
+        notes=tuple(default_notes(ed.values, hardware.versions)),
     )

@@ -64,6 +64,7 @@ def plan_renderables(plan: Plan, title: str = "ftlaunch plan") -> list[Any]:
         )
     for w in plan.warnings:
         out.append(f"[yellow]warning:[/yellow] {w}")
+    out.extend(f"note: {n}" for n in plan.notes)
     return out
 
 

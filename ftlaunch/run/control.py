@@ -22,6 +22,7 @@ from ftlaunch.plan.config import (
     split_secrets,
 )
 from ftlaunch.run import progress as prog
+from ftlaunch.run.environment import refuse_resume
 from ftlaunch.run.launch import supervise
 from ftlaunch.run.orphans import TrainerAlive, live_trainers, runs_of_output_dir, stop_trainer
 from ftlaunch.run.procs import Liveness, liveness
@@ -157,8 +158,13 @@ def resume_run(
     foreground: bool = False,
     overrides: tuple[str, ...] = (),
     allow_global_batch_change: bool = False,
+    allow_env_change: bool = False,
 ) -> Resumed:
     """Re-attach if alive; restart from the last complete checkpoint if the run died.
+
+    A restart from a checkpoint across a change of a package that decides training (torch,
+    transformers, llamafactory, ...) is refused (exit 18) before anything is touched, unless
+    ``allow_env_change``.
 
     ``overrides`` (key=value) edit the run's adapted config first; refused while the run is alive.
     The restart happens under the output_dir lock, taken before any state changes and handed to
@@ -175,7 +181,7 @@ def resume_run(
     if state.slurm_job_id and env.get("SLURM_JOB_ID") != state.slurm_job_id:
         # A Slurm run trains only inside its own job (the batch step resumes it there): from
         # anywhere else, resume means sbatch again.
-        return _resume_in_slurm(run_dir, state, env, overrides, allow_global_batch_change)
+        return _resume_in_slurm(run_dir, state, env, overrides, allow_global_batch_change, allow_env_change)
     verdict = _resume_verdict(run_dir, state, overrides)
     if verdict is not None:
         return verdict
@@ -195,6 +201,9 @@ def resume_run(
         if verdict is not None:
             return verdict
         status = state.status
+        if not allow_env_change:
+            resumes = prog.last_complete_checkpoint(Path(output_dir))
+            refuse_resume(run_dir, env, state, resumes[1].name if resumes else None)
         _end_orphans(run_dir, env, output_dir, state)
         if overrides:
             edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
@@ -203,7 +212,14 @@ def resume_run(
         if overrides and last is not None:
             _rewrite_checkpoint_lr(run_dir, env, out, last[1].name, overrides)
         # A run that gave up gets a fresh budget: the user changed something, or wants another go.
-        update_state(run_dir, status=RunStatus.STARTING, budget=state.budget.refilled(), pid=None, trainer_pid=None)
+        update_state(
+            run_dir,
+            status=RunStatus.STARTING,
+            budget=state.budget.refilled(),
+            pid=None,
+            trainer_pid=None,
+            allow_env_change=allow_env_change or None,
+        )
         append_event(run_dir, "resumed", previous=status.value, from_checkpoint=last[1].name if last else None)
     except BaseException:
         lock.close()
@@ -215,7 +231,12 @@ def resume_run(
 
 
 def _resume_in_slurm(
-    run_dir: Path, state: RunState, env: Mapping[str, str], overrides: tuple[str, ...], allow_global_batch_change: bool
+    run_dir: Path,
+    state: RunState,
+    env: Mapping[str, str],
+    overrides: tuple[str, ...],
+    allow_global_batch_change: bool,
+    allow_env_change: bool = False,
 ) -> Resumed:
     """`resume` of a Slurm run from a login node: nothing while Slurm holds its job (it resumes when it
     runs); else the same job.sbatch is submitted again (same run directory; the job resumes from the
@@ -261,6 +282,7 @@ def _resume_in_slurm(
         failure_kind=None,
         exit_code=None,
         ended=None,
+        allow_env_change=allow_env_change or None,  # the job's supervisor compares on its node
         message=f"resubmitted as Slurm job {new_job}; resumes from {frm} when it runs",
     )
     append_event(

@@ -32,6 +32,7 @@ class RunStatus(StrEnum):
     STALLED = "stalled"  # no progress for longer than the stall timeout, stall restarts spent
     NO_PROGRESS = "no_progress"  # the restart brake: attempts without a new checkpoint
     DISK_FULL = "disk_full"  # ENOSPC while saving: every complete checkpoint kept, the partial one removed
+    ENV_CHANGED = "env_changed"  # a deciding package changed between attempts; not resumed without consent
     UNREADABLE = "unreadable"  # shown by `runs` for a state.json it cannot read; never written
 
     def is_terminal(self) -> bool:
@@ -45,6 +46,7 @@ class RunStatus(StrEnum):
             RunStatus.STALLED,
             RunStatus.NO_PROGRESS,
             RunStatus.DISK_FULL,
+            RunStatus.ENV_CHANGED,
         }
 
     def exit_code(self) -> int:
@@ -61,6 +63,7 @@ _STATUS_CODES = {
     RunStatus.STALLED: ExitCode.STALLED,
     RunStatus.NO_PROGRESS: ExitCode.NO_PROGRESS,
     RunStatus.DISK_FULL: ExitCode.DISK_FULL,
+    RunStatus.ENV_CHANGED: ExitCode.ENV_CHANGED,
 }
 
 
@@ -78,6 +81,7 @@ class FailureKind(StrEnum):
     NO_PROGRESS = "no_progress"  # the restart brake ended the run
     DISK_FULL = "disk_full"  # ENOSPC (or the free space check before a save)
     RENDEZVOUS = "rendezvous"  # the nodes of a multi-node job could not reach each other in time
+    ENV_CHANGED = "env_changed"  # a deciding package changed since the checkpoint (ftlaunch.run.environment)
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,10 @@ class RunState:
     no_progress_attempts: int = 0  # attempts ended since the last checkpoint advanced (survives requeues)
     best_checkpoint: int | None = None  # the furthest complete checkpoint any attempt saved
     disk: Mapping[str, Any] | None = None  # the disk forecast made at start (ftlaunch.plan.disk)
+    # the trainer's environment (ftlaunch.run.environment): hash and attempt of the last record, and
+    # "changed" {attempt, changes, accepted, since_run} when a deciding package changed
+    environment: Mapping[str, Any] | None = None
+    allow_env_change: bool | None = None  # resume --allow-env-change: this start may cross such a change
     # how it ended
     ended: float | None = None
     exit_code: int | None = None

@@ -30,6 +30,7 @@ from ftlaunch.plan.disk import DiskForecast, enough_for_save
 from ftlaunch.plan.hardware import gpu_peak_of
 from ftlaunch.plan.memory.store import remember, remember_observed
 from ftlaunch.plan.offload import materialize, refusal
+from ftlaunch.run import environment
 from ftlaunch.run import progress as prog
 from ftlaunch.run import records as run_records
 from ftlaunch.run.checkpoints import CheckpointWatch, set_aside_incomplete
@@ -192,6 +193,13 @@ class Supervisor:
             attempt += 1
             moved = set_aside_incomplete(out, weights_only)
             last = prog.last_complete_checkpoint(out, weights_only)
+            # The trainer's environment, recorded and compared before anything of the attempt starts.
+            refused = environment.at_attempt_start(
+                self.run_dir, attempt, self.env, resuming=last is not None, say=self.journal.say
+            )
+            if refused is not None:
+                ex = Exit(FailureKind.ENV_CHANGED, refused)
+                return self._finish(RunStatus.ENV_CHANGED, ex, 0, refused, values, budget)
             status = RunStatus.RUNNING if attempt == 1 else RunStatus.RECOVERING
             # A later attempt is "recovering" until the trainer passes the furthest step seen before.
             recover_until = int((read_state(self.run_dir).progress or {}).get("step") or 0)

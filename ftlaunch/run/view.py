@@ -75,9 +75,21 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         "observed_peak_gib": state.observed_peak_gib,
         "slurm_job_id": state.slurm_job_id,
         "slurm_state": slurm_state,
+        "environment_changed": env_changed_line(state),
         **stall_view(state, now if now is not None else time.time(), live_run),
         **cost,
     }
+
+
+def env_changed_line(state: RunState) -> str | None:
+    """`environment changed at attempt 3 (transformers 4.49.0 -> 4.55.0)`, from the record the
+    supervisor keeps in the state (ftlaunch.run.environment); None when no deciding package changed."""
+    changed = (state.environment or {}).get("changed")
+    if not changed:
+        return None
+    since = f" since run {changed['since_run']}" if changed.get("since_run") else ""
+    how = "" if changed.get("accepted") else "; not resumed (resume --allow-env-change)"
+    return f"environment changed at attempt {changed.get('attempt')}{since} ({changed.get('changes')}){how}"
 
 
 def stall_view(state: RunState, now: float, live: bool) -> dict[str, Any]:
