@@ -1,6 +1,6 @@
 """The ground's file helpers: where ftlaunch keeps its state (``home``), UTC time stamps, strict
 JSON text, and atomic writes (a temp file in the same folder, then ``os.replace``: readers see the
-old file or the new one, never half of one). Imports nothing of ftlaunch.
+old file or the new one, never half of one). Imports only ftlaunch.errors.
 """
 
 from __future__ import annotations
@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from ftlaunch.errors import StateError
 
 
 def home(env: Mapping[str, str]) -> Path:
@@ -22,6 +25,46 @@ def home(env: Mapping[str, str]) -> Path:
         return Path(env["FTLAUNCH_HOME"]).expanduser()
     base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")) / ".local" / "state")
     return Path(base).expanduser() / "ftlaunch"
+
+
+def file_in_the_way(folder: Path) -> Path | None:
+    """``folder`` or the nearest folder above it that exists, when that is not a directory (a file
+    where a folder should be: nothing can be made under it), else None. An unreadable one is None:
+    the read or write that follows says what is wrong."""
+    found = folder
+    while True:
+        try:
+            mode = os.stat(found).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            if found.parent == found:
+                return None
+            found = found.parent
+            continue
+        except OSError:
+            return None
+        return None if stat.S_ISDIR(mode) else found
+
+
+def home_folder(env: Mapping[str, str], *parts: str) -> Path:
+    """``home(env) / parts``, a folder that is there or can be made: StateError (exit 12) when it, or
+    a folder above it, is a file. Readers call it too, so a misplaced FTLAUNCH_HOME is an error
+    naming it, never an empty listing ("0 runs") or "no runs"."""
+    root = home(env)
+    path = root.joinpath(*parts)
+    found = file_in_the_way(path)
+    if found is None:
+        return path
+    label = f"FTLAUNCH_HOME={root}" if env.get("FTLAUNCH_HOME") else f"ftlaunch's state folder {root}"
+    if found == root:
+        what = f"{label} is a file, not a directory"
+    elif found in root.parents:
+        what = f"{label} cannot be made: {found} is a file, not a directory"
+    else:
+        what = f"{label}: {found} is a file, not the directory ftlaunch keeps there"
+    raise StateError(
+        f"{what}; ftlaunch keeps its runs and schedules in a directory",
+        hint=f"set FTLAUNCH_HOME to a directory (made if missing), or move {found} away",
+    )
 
 
 def now_iso(t: float | None = None) -> str:
