@@ -7,13 +7,15 @@ line stays light.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from ftlaunch.cli.options import env_now
-from ftlaunch.errors import FtlaunchError
+from ftlaunch.errors import ExitCode, FtlaunchError
+from ftlaunch.files import file_in_the_way
 
 if TYPE_CHECKING:
     from ftlaunch.estimate.history import TrainingHistory
@@ -53,12 +55,33 @@ def _pyplot() -> Any:
     return plt
 
 
+class CannotWrite(FtlaunchError):
+    """A drawing's PNG cannot be written there (read-only, not ours, a file where a folder should be):
+    exit 2, as click's own check of the same option (--out naming a folder) exits."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, path: Path, exc: OSError, option: str = "--out"):
+        why = (exc.strerror or str(exc)).lower()
+        if exc.errno in (errno.EEXIST, errno.ENOTDIR) and (blocker := file_in_the_way(path.parent)):
+            what = f"{blocker} is a file, not a folder"
+        elif exc.filename and Path(str(exc.filename)) != path:
+            what = f"{exc.filename}: {why}"
+        else:
+            what = why
+        super().__init__(f"cannot write {path}: {what}", hint=f"choose {option} elsewhere, in a folder you can write")
+
+
 def _save(plt: Any, fig: Any, path: Path) -> Path:
-    """Write the figure as a PNG (its folder made first) and free it."""
+    """Write the figure as a PNG (its folder made first) and free it; CannotWrite when it cannot be."""
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        raise CannotWrite(path, exc) from None
+    finally:
+        plt.close(fig)
     return path
 
 

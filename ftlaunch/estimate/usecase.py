@@ -7,6 +7,7 @@ estimate (ftlaunch.estimate.core). Rendering is the command line's; progress lin
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -40,13 +41,27 @@ def count_tokens(values: Mapping[str, Any], env: Mapping[str, str], say: Say, wh
             "preprocessing (get_train_args, get_dataset), which has no train_dataset/micro_batch_size",
             hint="`ftlaunch plan` plans it; estimate a v0 config of the same model and data instead",
         )
-    scratch = home(env) / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch))
+    work = Path(tempfile.mkdtemp(prefix="count-", dir=scratch_base(env, say)))
     say(f"counting tokens with llamafactory's own preprocessing{why} ...")
     stats = estimate_probe.count_tokens(values, env, work)  # on failure the log stays in `work` (named in the hint)
     shutil.rmtree(work, ignore_errors=True)
     return stats
+
+
+def scratch_base(env: Mapping[str, str], say: Say) -> Path:
+    """Where counts and probes work: FTLAUNCH_HOME/scratch (a failure's log stays there). An estimate
+    keeps nothing, so when that cannot be written (FTLAUNCH_HOME read-only, full, or a file) it works
+    in the system's temp folder instead and says so, rather than failing."""
+    base = home(env) / "scratch"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".writable-", dir=base))
+        return base
+    except OSError as exc:
+        other = Path(tempfile.gettempdir())
+        why = (exc.strerror or str(exc)).lower()
+        say(f"warning: cannot write {base} ({why}): working in {other} instead (an estimate keeps nothing there)")
+        return other
 
 
 def estimate_plan(p: Plan, req: PlanRequest, stats: TokenStats, probe: Any = None) -> Estimate:
@@ -110,7 +125,8 @@ def estimate_one(
     probe = None
     if probe_steps:
         say(f"probing: {warmup_steps} warm-up + {probe_steps} measured steps in a scratch output_dir ...")
-        probe = estimate_probe.probe_throughput(values, env, probe_steps, warmup_steps, plan_env=p.env)
+        work = scratch_base(env, say)
+        probe = estimate_probe.probe_throughput(values, env, probe_steps, warmup_steps, plan_env=p.env, workdir=work)
     result = estimate_plan(p, req, stats, probe=probe)
     cost = None
     if prices and result.time.gpu_hours:

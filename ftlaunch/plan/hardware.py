@@ -8,6 +8,7 @@ invalid entry; empty means no GPU).
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -196,7 +197,9 @@ def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
     m = re.fullmatch(r"(.+?)\s*[xX\*]\s*(\d+)", text) or None
     names = [_norm(k) for k in CATALOG]
     whole_is_a_name = any(n.startswith(_norm(text)) for n in names)  # "RTX4090" is not "RT" x 4090
-    if m and not whole_is_a_name and any(n.startswith(_norm(m.group(1))) for n in names):
+    # Nor is "RTX9090" (no such card) "RT" x 9090: an x that continues a card's name is no count.
+    x_in_a_name = bool(m) and any(n.startswith(_norm(m.group(1)) + "X") for n in names)
+    if m and not whole_is_a_name and not x_in_a_name and any(n.startswith(_norm(m.group(1))) for n in names):
         text, count = m.group(1), int(m.group(2))
     else:
         m2 = re.fullmatch(r"(\d+)\s*[xX\*]\s*(.+)", text)
@@ -215,8 +218,10 @@ def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
             hint=f"name one of them, e.g. --gpu {matches[0]}" + (f"x{count}" if count > 1 else ""),
         )
     if not matches:
+        by_norm = {_norm(k): k for k in CATALOG}
+        near = [by_norm[n] for n in difflib.get_close_matches(wanted, list(by_norm), n=3, cutoff=0.7)]
         raise HardwareError(
-            f"--gpu {spec!r} is not in the catalog",
+            f"--gpu {spec!r} is not in the catalog" + (f" (closest: {', '.join(near)})" if near else ""),
             hint=f"use one of: {', '.join(CATALOG)}, optionally with xN (e.g. A100-80GBx4), or 'none'; "
             "or capture the machine with `ftlaunch env --json` and pass --hardware FILE",
         )
@@ -244,6 +249,15 @@ def load_hardware_file(path: str | Path) -> Hardware:
         ) from exc
     if not isinstance(data, dict):
         raise HardwareError(f"hardware file {p} must hold a JSON object")
+    if "gpus" not in data:  # without it, any JSON object would be planned as a machine with no GPU
+        if isinstance(data.get("hardware"), dict):
+            seen = "`ftlaunch plan --json` output, not a machine"
+        else:
+            seen = f"no machine (keys: {', '.join(sorted(map(str, data)))[:200] or 'none'})"
+        raise HardwareError(
+            f"hardware file {p} has no 'gpus' list: it holds {seen}",
+            hint="write it with `ftlaunch env --json > hw.json` on the target machine (gpus [] for no GPU)",
+        )
     if problems := hardware_file_problems(data):
         raise HardwareError(
             f"hardware file {p} is malformed: " + "; ".join(problems),

@@ -24,14 +24,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ftlaunch.errors import RunNotFoundError, StateError, StateVersionError
-from ftlaunch.files import home, now_iso, write_json_atomic
+from ftlaunch.errors import FtlaunchError, RunNotFoundError, StateError, StateVersionError
+from ftlaunch.files import home_folder, now_iso, write_json_atomic
 from ftlaunch.locks import held
 from ftlaunch.run.state import RunState
 
 
 def runs_root(env: Mapping[str, str]) -> Path:
-    return home(env) / "runs"
+    """$FTLAUNCH_HOME/runs; StateError (exit 12) when it or FTLAUNCH_HOME is a file."""
+    return home_folder(env, "runs")
 
 
 def new_run_id(t: float | None = None) -> str:
@@ -170,14 +171,36 @@ def find_run(env: Mapping[str, str], ref: str | None) -> Path:
     if len(prefix) == 1:
         return prefix[0]
     named = [p for p in runs if run_name(p) == ref]
-    if named:
-        return named[-1]  # a name may be reused; the latest run of that name
+    if len(named) == 1:
+        return named[0]
+    if len(named) > 1:  # a name may be reused (every `train` of one config): never guess which
+        raise RunNotFoundError(
+            f"run name {ref!r} matches {len(named)} runs, oldest first:\n{_started_list(named)}",
+            hint=f"name one by its id (or a unique prefix of it), e.g. {named[-1].name} for the latest",
+        )
     if len(prefix) > 1:
         raise RunNotFoundError(
             f"run {ref!r} is ambiguous: {', '.join(p.name for p in prefix)}",
             hint="give more characters of the id",
         )
     raise RunNotFoundError(f"no run {ref!r}", hint="`ftlaunch runs` lists them")
+
+
+def _started_list(run_dirs: list[Path]) -> str:
+    """One line per run, oldest first: id, status, start time and output_dir, enough to tell runs of
+    one name apart. The status is the one `ftlaunch runs` shows (a dead supervisor's run is lost)."""
+    from ftlaunch.run.view import run_view  # view reads the store: imported here, not at the top
+
+    out = []
+    for p in run_dirs:
+        try:
+            v = run_view(p)
+        except FtlaunchError:
+            out.append(f"  - {p.name}  state unreadable")
+            continue
+        started = (v["created"] or "?")[:19].replace("T", " ")
+        out.append(f"  - {p.name}  {v['status']}, started {started} UTC, output_dir {v['output_dir']}")
+    return "\n".join(out)
 
 
 def run_name(run_dir: Path) -> str | None:

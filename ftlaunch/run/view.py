@@ -42,6 +42,10 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         eta = max(0.0, (total - step) / rate - since)
     cost = _cost(run_dir, state, status, step, total, rate, now)
     live_run = status in (RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.STARTING)
+    message = state.message
+    if status is RunStatus.LOST and state.status is not RunStatus.LOST:
+        # The recorded message is the dead supervisor's last word ("retrying..."): it no longer holds.
+        message = lost_message(state, run_dir.name, trainer_live)
     return {
         "id": state.id or run_dir.name,
         "name": state.name,
@@ -65,7 +69,8 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         "created": state.created,
         "exit_code": state.exit_code,
         "failure_kind": state.failure_kind,
-        "message": state.message,
+        "message": message,
+        "last_message": state.message if message != state.message else None,
         "last_checkpoint": state.last_checkpoint,
         # numeric health of the current attempt (finite/spiky/diverged) and the last divergence seen
         "health": (state.health or {}).get("health"),
@@ -79,6 +84,24 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         **stall_view(state, now if now is not None else time.time(), live_run),
         **cost,
     }
+
+
+def lost_message(state: RunState, run_id: str, trainer_live: Liveness) -> str:
+    """What a lost run's status says: what happened (its supervisor, or its Slurm job, is gone without
+    writing a final status) and what to do (resume, from where). Pure."""
+    if state.slurm_job_id:
+        what = f"lost: Slurm job {state.slurm_job_id} no longer runs and its supervisor wrote no final status"
+    else:
+        what = f"lost: its supervisor (pid {state.pid}) is gone without writing a final status"
+        what += " (a reboot, a kill or the OOM killer)"
+    if trainer_live is Liveness.ALIVE and state.trainer_pid and not state.slurm_job_id:
+        what += f"; its trainer (pid {state.trainer_pid}) still runs unsupervised, and resume stops it first"
+    where = (
+        f"its last complete checkpoint (checkpoint-{state.last_checkpoint} when last seen)"
+        if state.last_checkpoint
+        else "the start (it recorded no complete checkpoint)"
+    )
+    return f"{what}; `ftlaunch resume {run_id}` continues it from {where}"
 
 
 def env_changed_line(state: RunState) -> str | None:
