@@ -80,7 +80,7 @@ def estimate_cmd(
       ftlaunch estimate cfg.yaml --probe-steps 30 num_train_epochs=2
       ftlaunch estimate cfg.yaml --gpu V100-32GB --gpu A100-80GB --gpu H100-80GBx8 --price A100-80GB=1.9
     """
-    from ftlaunch.cli.plot import draw_histogram
+    from ftlaunch.cli.plot import CannotWrite, draw_histogram
     from ftlaunch.estimate.compare import parse_prices
     from ftlaunch.estimate.usecase import compare_machines, estimate_one
     from ftlaunch.files import home
@@ -101,7 +101,7 @@ def estimate_cmd(
         if as_json:
             click.echo(to_json(out))
         else:
-            _render_comparison(out)
+            _print(comparison_renderables(out))
         return
     one = estimate_one(
         config,
@@ -114,12 +114,25 @@ def estimate_cmd(
         say=_say,
     )
     hist = Path(histogram) if histogram else home(env) / "estimates" / f"{Path(config).stem}-lengths.png"
-    draw_histogram(one.stats, one.estimate.padding, hist)
-    out = {**one.to_dict(), "histogram": str(hist)}
+    saved: str | None = str(hist)
+    try:
+        draw_histogram(one.stats, one.estimate.padding, hist)
+    except CannotWrite as exc:  # the estimate is the point: print it, say the drawing was not saved
+        _say(f"warning: {exc.message}; the estimate is printed without it (--histogram PATH saves it elsewhere)")
+        saved = None
+    out = {**one.to_dict(), "histogram": saved}
     if as_json:
         click.echo(to_json(out))
     else:
-        _render(out)
+        _print(estimate_renderables(out))
+
+
+def _print(renderables: Sequence[Any]) -> None:
+    from ftlaunch.cli.render import Out
+
+    console = Out()
+    for r in renderables:
+        console.print(r, highlight=False)
 
 
 def _fmt_range_hours(pair: Sequence[float] | None) -> str:
@@ -132,23 +145,17 @@ def _fmt_range_hours(pair: Sequence[float] | None) -> str:
     return f"{lo:.2g}-{hi:.2g} h" if hi < 100 else f"{lo:,.0f}-{hi:,.0f} h"
 
 
-def _render_comparison(out: Mapping[str, Any]) -> None:
-    from rich.table import Table
+def comparison_renderables(out: Mapping[str, Any]) -> list[Any]:
+    """`estimate --gpu A --gpu B`: one row a machine, every cell a word (names and figures whole)."""
+    from ftlaunch.plan.tables import Col, Grid, Para
 
-    from ftlaunch.cli.render import Out, add_id_column
-
-    console = Out()
     tok = out.get("tokens") or {}
     title = "machines, fastest first"
     if tok:
         title += f" ({tok.get('samples'):,} samples, {tok.get('total_tokens'):,} tokens per epoch)"
-    t = Table(title=title)
-    add_id_column(t, "machine", [m["machine"] for m in out["machines"]])
-    for col in ("fits", "precision", "micro x acc", "tokens/s", "wall time", "GPU-hours"):
-        t.add_column(col, no_wrap=True)
     with_cost = any(m.get("cost") for m in out["machines"])
-    if with_cost:
-        t.add_column("cost", no_wrap=True)
+    cols = ["machine", "fits", "precision", "micro x acc", "tokens/s", "wall time", "GPU-hours"]
+    t = Grid(*(Col(c) for c in cols + ["cost"] * with_cost), title=title)
     notes: list[str] = []
     for m in out["machines"]:
         if not m["fits"]:
@@ -172,12 +179,11 @@ def _render_comparison(out: Mapping[str, Any]) -> None:
             cells.append("-" if not cost else f"{cost[0]:,.2f}-{cost[1]:,.2f}")
         t.add_row(*cells)
         notes += [n for n in m.get("notes") or () if n not in notes]
-    console.print(t)
     from ftlaunch.estimate.core import UTILISATION
 
     band = f"{UTILISATION[0]:.0%}-{UTILISATION[1]:.0%}"
-    for n in [f"times: each card's peak FLOP/s x a {band} utilisation band (a guess, not a measurement)", *notes]:
-        console.print(f"  - {n}", highlight=False, markup=False)
+    lines = [f"times: each card's peak FLOP/s x a {band} utilisation band (a guess, not a measurement)", *notes]
+    return [t, *(Para(f"  - {n}", hang=4) for n in lines)]
 
 
 def _fmt_hours(pair: Sequence[float] | None) -> str:
@@ -191,23 +197,21 @@ def _fmt_hours(pair: Sequence[float] | None) -> str:
     return f"{one(lo)} - {one(hi)}"
 
 
-def _render(out: Mapping[str, Any]) -> None:
-    from rich.table import Table
+def estimate_renderables(out: Mapping[str, Any]) -> list[Any]:
+    """`estimate` on one machine: data, steps, memory and time tables, assumptions, levers."""
+    from rich.text import Text
 
-    from ftlaunch.cli.render import Out
     from ftlaunch.plan.render import memory_table
+    from ftlaunch.plan.tables import Cell, Col, Grid, Para, kv_table
 
-    console = Out()
+    shown: list[Any] = []
     pc = out["length_percentiles"]
-    data = Table(title=f"data (stage {out['stage']}, as llamafactory tokenizes it)", show_header=False)
-    data.add_column("what")
-    data.add_column("value", justify="right")
-    rows = [
+    rows: list[tuple[str, str | Cell]] = [
         ("samples", f"{out['samples']:,}"),
         ("rows per epoch" + (" (packed)" if out["packing"] else ""), f"{out['rows']:,}"),
         ("tokens per epoch (no padding)", f"{out['total_tokens']:,}"),
         ("label tokens per epoch (trained on)", f"{out['label_tokens']:,}"),
-        ("length p50 / p90 / p99 / max", f"{pc['p50']} / {pc['p90']} / {pc['p99']} / {pc['max']}"),
+        ("length p50 / p90 / p99 / max", Cell(f"{pc['p50']} / {pc['p90']} / {pc['p99']} / {pc['max']}", "word")),
         ("cutoff_len", str(out["cutoff_len"])),
         ("truncated by the cutoff", "-" if out["truncated"] is None else f"{out['truncated']:,}"),
         (
@@ -217,45 +221,36 @@ def _render(out: Mapping[str, Any]) -> None:
     ]
     if out.get("eval_rows"):
         rows.append(("eval rows / tokens", f"{out['eval_rows']:,} / {out['eval_tokens']:,}"))
-    for k, v in rows:
-        data.add_row(k, v)
-    console.print(data)
-    steps = Table(title="steps", show_header=False)
-    steps.add_column("what")
-    steps.add_column("value", justify="right")
-    steps.add_row("global batch (rows per optimizer step)", str(out["global_batch"]))
-    steps.add_row("optimizer steps per epoch", f"{out['steps_per_epoch']:,}")
-    steps.add_row("epochs", f"{out['epochs']:g}")
-    steps.add_row("optimizer steps in total", f"{out['optimizer_steps']:,}")
-    console.print(steps)
+    shown.append(kv_table(f"data (stage {out['stage']}, as llamafactory tokenizes it)", rows, justify="right"))
+    steps = [
+        ("global batch (rows per optimizer step)", str(out["global_batch"])),
+        ("optimizer steps per epoch", f"{out['steps_per_epoch']:,}"),
+        ("epochs", f"{out['epochs']:g}"),
+        ("optimizer steps in total", f"{out['optimizer_steps']:,}"),
+    ]
+    shown.append(kv_table("steps", steps, justify="right"))
     if out.get("memory"):
-        console.print(memory_table(out["memory"]))
+        shown.append(memory_table(out["memory"]))
     else:
-        console.print(f"memory: not modelled for {out.get('hardware')} (the memory model is per GPU)")
-    t = Table(title=f"time on {out.get('hardware')} ({out['precision']})", show_header=False)
-    t.add_column("what")
-    t.add_column("value", justify="right")
-    t.add_row(
-        "source", {"probe": "measured (probe)", "peak-flops": "GUESS from peak FLOP/s"}.get(out["time_source"], "none")
-    )
+        shown.append(Para(f"memory: not modelled for {out.get('hardware')} (the memory model is per GPU)"))
+    source = {"probe": "measured (probe)", "peak-flops": "GUESS from peak FLOP/s"}.get(out["time_source"], "none")
+    time: list[tuple[str, str | Cell]] = [("source", source)]
     if out.get("tokens_per_second") is not None:
-        t.add_row("sustained tokens/s", f"{out['tokens_per_second']:,.0f}")
+        time.append(("sustained tokens/s", f"{out['tokens_per_second']:,.0f}"))
     if out.get("seconds_per_step") is not None:
-        t.add_row("seconds per optimizer step", f"{out['seconds_per_step']:.4g}")
-    t.add_row("wall time", _fmt_hours(out.get("wall_hours")))
+        time.append(("seconds per optimizer step", f"{out['seconds_per_step']:.4g}"))
+    time.append(("wall time", Cell(_fmt_hours(out.get("wall_hours")), "word")))
     gh = out.get("gpu_hours")
-    t.add_row(f"GPU-hours ({out['gpus']} GPU)", f"{gh[0]:.2f} - {gh[1]:.2f}" if gh else "-")
-    console.print(t)
-    console.print("[bold]assumptions[/bold]")
-    for a in out["assumptions"]:
-        console.print(f"  - {a}", highlight=False, markup=False)
+    time.append((f"GPU-hours ({out['gpus']} GPU)", Cell(f"{gh[0]:.2f} - {gh[1]:.2f}" if gh else "-", "word")))
+    shown.append(kv_table(f"time on {out.get('hardware')} ({out['precision']})", time, justify="right"))
+    shown.append(Text("assumptions", style="bold"))
+    shown += [Para(f"  - {a}", hang=4) for a in out["assumptions"]]
     if out["levers"]:
-        lv = Table(title="what would change it most")
-        lv.add_column("change")
-        lv.add_column("estimated effect")
+        lv = Grid(Col("change", "prose"), Col("estimated effect", "prose"), title="what would change it most")
         for item in out["levers"]:
             lv.add_row(item["change"], item["effect"])
-        console.print(lv)
-    for w in out.get("plan_warnings") or []:
-        console.print(f"[yellow]warning:[/yellow] {w}")
-    console.print(f"length histogram: {out['histogram']}", highlight=False)
+        shown.append(lv)
+    shown += [Para(Text.assemble(("warning:", "yellow"), f" {w}")) for w in out.get("plan_warnings") or []]
+    if out.get("histogram"):  # None: it could not be saved (said on stderr)
+        shown.append(Para(f"length histogram: {out['histogram']}", "path"))
+    return shown

@@ -7,14 +7,12 @@ runs, a run's status table and the JSON form of a plan (secrets masked).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from ftlaunch.plan.render import PIPE_WIDTH
+from ftlaunch.plan.tables import Bar, Cell, Col, Grid, kv_table
 
 if TYPE_CHECKING:
     from ftlaunch.plan.planner import Plan
@@ -71,21 +69,14 @@ def plan_json(p: Plan, simulated: dict[str, Any] | None = None) -> dict[str, Any
     return d
 
 
-def add_id_column(table: Table, header: str, ids: Iterable[str]) -> None:
-    """A column that is never cut or wrapped: other columns wrap first (ids are what commands take)."""
-    width = max([len(header), *(len(i) for i in ids)])
-    table.add_column(header, no_wrap=True, min_width=width, overflow="ignore")
-
-
-def runs_table(rows: list[dict[str, Any]]) -> Table:
-    """`ftlaunch runs`: the id column is never cut; name and output_dir wrap instead."""
-    # Light borders: at 80 columns every column keeps room; name and output_dir wrap first.
-    t = Table(title=f"{len(rows)} run(s)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
-    add_id_column(t, "id", [r["id"] for r in rows])
-    t.add_column("name", overflow="fold", min_width=6)
-    for col, width in (("status", 7), ("try", 3), ("progress", 5), ("loss", 6), ("started UTC", 11)):
-        t.add_column(col, overflow="fold", min_width=width)
-    t.add_column("output_dir", overflow="fold", min_width=10)
+def runs_table(rows: list[dict[str, Any]]) -> Grid:
+    """`ftlaunch runs`: ids, names (what commands take), progress and numbers whole; output_dir wraps
+    at its slashes; too narrow for that, one block per run."""
+    t = Grid(
+        *(Col(c) for c in ("id", "name", "status", "try", "progress", "loss", "started UTC")),
+        Col("output_dir", "path"),
+        title=f"{len(rows)} run(s)",
+    )
     for r in rows:
         prog = f"{r.get('step')}/{r.get('total_steps')}" if r.get("total_steps") else "-"
         loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-"
@@ -133,29 +124,29 @@ STATUS_ROWS = (
 )
 
 
-def status_table(v: dict[str, Any]) -> Table:
-    """`ftlaunch status`: one run's view (ftlaunch.run.view.run_view) as a two-column table."""
-    from rich.progress_bar import ProgressBar
+STATUS_PATHS = {"output_dir", "run_dir"}  # wrap at their slashes; every other value is prose (tokens whole)
 
-    t = Table(title=f"run {v['id']} ({v.get('name')}): {v['status']}", show_header=False)
-    t.add_column("what")
-    t.add_column("value")
+
+def status_table(v: dict[str, Any]) -> Grid:
+    """`ftlaunch status`: one run's view (ftlaunch.run.view.run_view) as a two-column table."""
+    rows: list[tuple[str, str | Cell | Bar]] = []
     if v.get("total_steps"):
         step = v.get("step") or 0
-        t.add_row("progress", ProgressBar(total=v["total_steps"], completed=step, width=40))
-        t.add_row("step", f"{step}/{v['total_steps']} ({100 * step / v['total_steps']:.0f}%)")
+        rows.append(("progress", Bar(completed=step, total=v["total_steps"])))
+        rows.append(("step", Cell(f"{step}/{v['total_steps']} ({100 * step / v['total_steps']:.0f}%)", "word")))
     for key, label in STATUS_ROWS:
         if v.get(key) is not None:
             val = v[key]
-            t.add_row(label, f"{val:.4g}" if isinstance(val, float) else str(val))
+            text = f"{val:.4g}" if isinstance(val, float) else str(val)
+            rows.append((label, Cell(text, "path") if key in STATUS_PATHS else text))
     if v.get("supervisor_alive") == "alive":
-        t.add_row("supervisor pid", f"{v['pid']} (trainer {v.get('trainer_pid') or '-'})")
+        rows.append(("supervisor pid", f"{v['pid']} (trainer {v.get('trainer_pid') or '-'})"))
     if v["status"] in ("running", "recovering", "starting"):
-        t.add_row("ETA", fmt_seconds(v.get("eta_seconds")))
+        rows.append(("ETA", fmt_seconds(v.get("eta_seconds"))))
     if v.get("seconds_since_progress") is not None:
         allowance = v.get("stall_timeout_seconds")
         limit = f" of {fmt_seconds(allowance)} allowed ({v.get('stall_timeout_why')})" if allowance else ""
-        t.add_row("last progress", f"{fmt_seconds(v['seconds_since_progress'])} ago, {v.get('stall_phase')}{limit}")
+        rows.append(("last progress", f"{fmt_seconds(v['seconds_since_progress'])} ago, {v.get('stall_phase')}{limit}"))
     if v.get("no_progress_attempts"):
-        t.add_row("attempts without a new checkpoint", str(v["no_progress_attempts"]))
-    return t
+        rows.append(("attempts without a new checkpoint", str(v["no_progress_attempts"])))
+    return kv_table(f"run {v['id']} ({v.get('name')}): {v['status']}", rows)

@@ -10,10 +10,9 @@ import sys
 from typing import Any
 
 import click
-from rich.table import Table
 
 from ftlaunch.cli.options import env_now, run_options
-from ftlaunch.cli.render import Out, add_id_column
+from ftlaunch.cli.render import Out
 
 console = Out()
 err_console = Out(stderr=True)
@@ -134,10 +133,19 @@ def list_cmd(as_json: bool) -> None:
     if as_json:
         _echo_json(rows)
         return
-    t = Table(title=f"{len(rows)} schedule(s)")
-    add_id_column(t, "name", [r["name"] for r in rows])
-    for col in ("cron", "config", "last run", "result", "next"):
-        t.add_column(col, overflow="fold")
+    from ftlaunch.plan.tables import Col, Grid
+
+    # name, cron and next whole; the config path wraps at its slashes; last run (a time and a run
+    # id) and result wrap between words only
+    t = Grid(
+        Col("name"),
+        Col("cron"),
+        Col("config", "path"),
+        Col("last run", "prose"),
+        Col("result", "prose"),
+        Col("next"),
+        title=f"{len(rows)} schedule(s)",
+    )
     for r in rows:
         t.add_row(
             r["name"],

@@ -1,5 +1,6 @@
 """Rendering a plan for people (rich tables) and for plan.txt: the changes table, the memory table,
-the hardware summary and the alternatives when a setup does not fit. No decisions here.
+the hardware summary and the alternatives when a setup does not fit. No decisions here; every table
+is a ftlaunch.plan.tables.Grid (keys and numbers whole at any width).
 """
 
 from __future__ import annotations
@@ -8,12 +9,12 @@ import io
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from ftlaunch.plan.change import REMOVED
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.planner import Plan
+from ftlaunch.plan.tables import Cell, Col, Grid, Para, kv_table
 
 
 def _fmt(v: Any) -> str:
@@ -31,49 +32,54 @@ def _fmt(v: Any) -> str:
 def plan_renderables(plan: Plan, title: str = "ftlaunch plan") -> list[Any]:
     out: list[Any] = []
     if plan.changes:
-        t = Table(title=f"{title}: {len(plan.changes)} change(s) for {plan.hardware.describe()}")
-        t.add_column("key", style="bold")
-        t.add_column("before")
-        t.add_column("after", style="green")
-        t.add_column("why")
+        t = Grid(
+            Col("key", style="bold"),
+            Col("before", "path"),  # a value is a word, or a path (deepspeed, dataset_dir)
+            Col("after", "path", style="green"),
+            Col("why", "prose"),
+            title=f"{title}: {len(plan.changes)} change(s) for {plan.hardware.describe()}",
+        )
         for c in plan.changes:
             t.add_row(c.key, _fmt(c.old), _fmt(c.new), c.reason)
         out.append(t)
     else:
         out.append(f"{title}: no changes needed for {plan.hardware.describe()}")
-    inv = Table(title="invariants", show_header=False)
-    inv.add_column("what")
-    inv.add_column("value")
-    inv.add_row(
-        "global batch",
-        f"{plan.global_batch_source} -> {plan.global_batch_target}"
-        f" = {plan.micro_batch} micro x {plan.accumulation} accum x {plan.world_size} device(s)"
-        + ("" if plan.global_batch_source == plan.global_batch_target else "  (NOT kept exactly)"),
-    )
-    inv.add_row("devices", plan.hardware.describe())
-    inv.add_row("precision", plan.precision)
-    if plan.env:
-        inv.add_row("trainer env", " ".join(f"{k}={v}" for k, v in sorted(plan.env.items())))
-    out.append(inv)
+    rows = [
+        (
+            "global batch",
+            f"{plan.global_batch_source} -> {plan.global_batch_target}"
+            f" = {plan.micro_batch} micro x {plan.accumulation} accum x {plan.world_size} device(s)"
+            + ("" if plan.global_batch_source == plan.global_batch_target else "  (NOT kept exactly)"),
+        ),
+        ("devices", plan.hardware.describe()),
+        ("precision", plan.precision),
+    ]
+    if plan.env:  # one NAME=value a line, each whole: what a user copies into a shell
+        rows.append(("trainer env", "\n".join(f"{k}={v}" for k, v in sorted(plan.env.items()))))
+    out.append(kv_table("invariants", rows))
     if plan.memory:
         out.append(memory_table(plan.memory))
-    if plan.extra.get("resolved_paths"):
+    if plan.resolved_paths:
         out.append(
-            "paths made absolute (resolved from the current directory, so the adapted config runs "
-            f"from anywhere): {', '.join(plan.extra['resolved_paths'])}"
+            Para(
+                "paths made absolute (resolved from the current directory, so the adapted config runs "
+                f"from anywhere): {', '.join(plan.resolved_paths)}"
+            )
         )
-    for w in plan.warnings:
-        out.append(f"[yellow]warning:[/yellow] {w}")
-    out.extend(f"note: {n}" for n in plan.notes)
+    out += [Para(Text.assemble(("warning:", "yellow"), f" {w}")) for w in plan.warnings]
+    out += [Para(f"note: {n}") for n in plan.notes]
     return out
 
 
-def memory_table(mem: Any) -> Table:
+def memory_table(mem: Any) -> Grid:
     """The memory model's figures and verdict: fits (within the headroom), tight (runs, with less
     headroom than the target) or does not fit."""
-    t = Table(title="memory per GPU (GiB, predicted)", show_header=False)
-    t.add_column("component")
-    t.add_column("GiB", justify="right")
+    t = Grid(
+        Col("component"),
+        Col("GiB", "prose", justify="right"),
+        title="memory per GPU (GiB, predicted)",
+        show_header=False,
+    )
     for key in (
         "weights_gib",
         "gradients_gib",
@@ -116,9 +122,10 @@ def plan_text(plan: Plan, title: str = "ftlaunch plan") -> str:
 
 
 def hardware_renderables(hw: Hardware) -> list[Any]:
-    t = Table(title=f"hardware (probe: {hw.source})")
-    for col in ("gpu", "name", "memory GiB", "free GiB", "compute cap.", "bf16"):
-        t.add_column(col)
+    t = Grid(
+        *(Col(c) for c in ("gpu", "name", "memory GiB", "free GiB", "compute cap.", "bf16")),
+        title=f"hardware (probe: {hw.source})",
+    )
     for g in hw.gpus:
         cc = g.compute_capability
         t.add_row(
@@ -130,18 +137,15 @@ def hardware_renderables(hw: Hardware) -> list[Any]:
             "yes" if g.bf16 else "no",
         )
     out: list[Any] = [t if hw.gpus else "no GPU visible: training runs on the CPU in fp32"]
-    facts = Table(show_header=False)
-    facts.add_column("what")
-    facts.add_column("value")
-    facts.add_row("driver", _fmt(hw.driver_version))
-    facts.add_row("host RAM GiB", f"{_fmt(hw.host_ram_gib)} (available {_fmt(hw.host_available_gib)})")
-    facts.add_row("disk free GiB", _fmt(hw.disk_free_gib))
-    facts.add_row("CPUs", _fmt(hw.cpu_count))
-    for k, v in hw.versions.items():
-        facts.add_row(k, _fmt(v) if v else "not installed")
-    out.append(facts)
-    for n in hw.notes:
-        out.append(f"note: {n}")
+    facts = [
+        ("driver", _fmt(hw.driver_version)),
+        ("host RAM GiB", f"{_fmt(hw.host_ram_gib)} (available {_fmt(hw.host_available_gib)})"),
+        ("disk free GiB", _fmt(hw.disk_free_gib)),
+        ("CPUs", _fmt(hw.cpu_count)),
+        *((k, _fmt(v) if v else "not installed") for k, v in hw.versions.items()),
+    ]
+    out.append(kv_table(None, facts))
+    out += [Para(f"note: {n}") for n in hw.notes]
     return out
 
 
@@ -153,25 +157,25 @@ KIND_TITLES = {  # short: they sit in the option column
 }
 
 
-def alternatives_table(alternatives: list[dict[str, Any]]) -> Table:
+def alternatives_table(alternatives: list[dict[str, Any]]) -> Grid:
     """The options when a config does not fit, grouped by how much they change the training; a "no"
     says why (GPU peak or host RAM), a "yes" says what to change and what it costs in speed."""
-    t = Table(
+    t = Grid(
+        Col("option"),
+        Col("peak GiB", justify="right"),
+        Col("host GiB", justify="right"),
+        Col("fits"),
+        Col("change / why not", "prose"),  # key=value pairs are single tokens: never broken
         title="what would fit (predicted per GPU; host RAM for offload)",
         caption="ordered by how much each changes the training: same numbers, then numerics, then method or data",
     )
-    t.add_column("option", no_wrap=True)
-    t.add_column("peak GiB", justify="right", no_wrap=True)
-    t.add_column("host GiB", justify="right", no_wrap=True)
-    t.add_column("fits", no_wrap=True)
-    t.add_column("change / why not", overflow="fold")
     kind = None
     for a in alternatives:
         if a.get("kind") != kind and a.get("kind") in KIND_TITLES:
             if kind is not None:
                 t.add_section()
             kind = a.get("kind")
-            t.add_row(f"[dim]{KIND_TITLES[str(kind)]}[/dim]", "", "", "", "")
+            t.add_row(Cell(KIND_TITLES[str(kind)], style="dim"), "", "", "", "")
         change = " ".join(f"{k}={v}" for k, v in (a.get("change") or {}).items())
         host = a.get("host_gib")
         if a.get("fits"):
@@ -179,11 +183,11 @@ def alternatives_table(alternatives: list[dict[str, Any]]) -> Table:
         else:
             note = str(a.get("why") or change)
         t.add_row(
-            escape(str(a.get("option"))),
+            str(a.get("option")),
             f"{a.get('peak_gib', 0):.1f}",
             "-" if not host else f"{host:.0f}",
             "yes" if a.get("fits") else "no",
-            escape(note),
+            note,
         )
     return t
 
