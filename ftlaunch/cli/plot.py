@@ -28,12 +28,12 @@ def plot_cmd(run: str | None, out: str | None) -> None:
     """Draw loss and throughput over steps for RUN as a PNG, with restarts marked.
 
     RUN is a run id, a unique prefix of one or a run name (default: the latest run), or an
-    output_dir holding a trainer_log.jsonl.
+    output_dir holding a trainer_log.jsonl. A PNG that cannot be written there exits 2.
 
     \b
     Examples:
       ftlaunch plot
-      ftlaunch plot nightly --out nightly.png
+      ftlaunch plot 20261130-1200 --out progress.png
       ftlaunch plot saves/qwen3-sft
     """
     from ftlaunch.estimate.history import training_history
