@@ -318,12 +318,25 @@ def validate_values(values: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-_SECRET_KEY = re.compile(r"(^hub_token$|_token$|api_key)", re.I)
+_SECRET_KEY = re.compile(r"(^hub_token$|_token$|api_key|_secret$|webhook_url$)", re.I)
 
 
 def is_secret_key(key: str) -> bool:
-    """hub_token, ms_hub_token, hf_hub_token, swanlab_api_key, ...: values never written in clear."""
+    """hub_token, ms_hub_token, hf_hub_token, swanlab_api_key, swanlab_lark_secret (and its webhook
+    URL, which is a credential too), ...: values never written in clear."""
     return bool(_SECRET_KEY.search(str(key)))
+
+
+def secret_override(item: str) -> tuple[str, str] | None:
+    """(key, value) of a ``key=value`` override whose key is secret-looking, else None."""
+    key, eq, value = str(item).partition("=")
+    key = key.strip().lstrip("+~")
+    return (key, value) if eq and is_secret_key(key) and value not in ("", "null") else None
+
+
+def mask_override(item: str) -> str:
+    """A ``key=value`` override as it may be shown or stored: a secret's value is ***."""
+    return f"{str(item).partition('=')[0]}=***" if secret_override(item) else item
 
 
 def split_secrets(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -48,7 +48,7 @@ from ftlaunch.run.stall import EVAL_MARK, SAVE_MARK, StallPolicy, Watchdog
 from ftlaunch.run.state import Budget, FailureKind, RunState, RunStatus
 from ftlaunch.run.store import read_secrets, read_state
 from ftlaunch.run.tail import Tail
-from ftlaunch.run.trainer import find_trainer, redact, trainer_command, trainer_env
+from ftlaunch.run.trainer import find_trainer, redact, secret_handoff, trainer_command, trainer_env
 
 STOPPED_EXIT = 130
 # How a recovery decision that is not a retry ends the run.
@@ -316,7 +316,7 @@ class Supervisor:
         cmd = trainer_command(find_trainer(self.env), config_path)
         return self.spawn(
             cmd,
-            env=trainer_env(self.env, {}, extra_env),
+            env=trainer_env(self.env, {}, {**extra_env, **secret_handoff(self._secrets())[0]}),
             cwd=base_dir if base_dir and Path(base_dir).is_dir() else None,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -522,17 +522,18 @@ class Supervisor:
         return read_secrets(self.run_dir)
 
     def _trainer_config(self) -> Path:
-        """The config the trainer reads: config.yaml, or with secrets a 0600 copy that includes them,
-        removed when the attempt ends."""
-        secrets = self._secrets()
-        if not secrets:
+        """The config the trainer reads: config.yaml, or with secrets that have no environment
+        variable (ms_hub_token, ...) a 0600 copy that includes them, removed when the attempt ends.
+        The others go through the trainer's environment (secret_handoff): never into a pickle."""
+        kept = secret_handoff(self._secrets())[1]
+        if not kept:
             return self.run_dir / "config.yaml"
         values, header = self._config()
         path = self.run_dir / ".trainer-config.yaml"
         path.unlink(missing_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(dump_yaml({**values, **secrets}, header))
+            f.write(dump_yaml({**values, **kept}, header))
         return path
 
     def _drop_trainer_config(self, path: Path) -> None:

@@ -9,11 +9,20 @@ import shutil
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from ftlaunch.errors import TrainerError
 
 # Variables that carry secrets: passed to the trainer, never written anywhere by ftlaunch.
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MODELSCOPE_API_TOKEN")
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MODELSCOPE_API_TOKEN", "SWANLAB_API_KEY")
+
+# Secret config keys the trainer gets through its environment, not its config (issue 24): transformers
+# pickles TrainingArguments, hub_token included, into training_args.bin in the output_dir and in every
+# checkpoint-N. With the key unset, transformers and LLaMA-Factory pass token=None, and huggingface_hub
+# then reads HF_TOKEN (utils/_auth.py get_token); LLaMA-Factory calls swanlab.login only for a
+# swanlab_api_key it was given, else SwanLab's own login reads SWANLAB_API_KEY. In order: hub_token
+# (pickled) has HF_TOKEN first; an hf_hub_token that differs stays in the trainer's 0600 config.
+SECRET_KEY_ENV = (("hub_token", "HF_TOKEN"), ("hf_hub_token", "HF_TOKEN"), ("swanlab_api_key", "SWANLAB_API_KEY"))
 
 
 def find_trainer(env: Mapping[str, str]) -> list[str]:
@@ -54,6 +63,20 @@ def trainer_env(
     # The trainer's output goes to a file: unbuffered so `logs -f` sees it as it happens.
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def secret_handoff(secrets: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """(environment, config keys): how the trainer gets each secret config key.
+
+    Keys with an environment variable the consuming library reads go there; the rest (ms_hub_token,
+    om_hub_token, swanlab_lark_secret: ModelArguments and FinetuningArguments, which nothing pickles)
+    stay config keys, which the supervisor writes to a 0600 copy removed after the attempt."""
+    env: dict[str, str] = {}
+    kept = dict(secrets)
+    for key, var in SECRET_KEY_ENV:
+        if key in kept and env.get(var, str(kept[key])) == str(kept[key]):
+            env[var] = str(kept.pop(key))
+    return env, kept
 
 
 def redact(text: str, env: Mapping[str, str], secrets: Iterable[str] = ()) -> str:

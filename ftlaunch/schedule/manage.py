@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ftlaunch.errors import ConfigError, FtlaunchError, RunNotFoundError, StateError
 from ftlaunch.files import now_iso
+from ftlaunch.plan.config import mask_override, secret_override
 from ftlaunch.run.options import RunOptions
 from ftlaunch.schedule.cron import ScheduleError, next_fire, parse_cron
 from ftlaunch.schedule.crontab import Crontab, CrontabError, add_entry, cron_line, find_crontab, remove_entry
@@ -26,7 +27,9 @@ from ftlaunch.schedule.records import (
     read_record,
     record_path,
     schedules_dir,
+    secrets_path,
     write_record,
+    write_schedule_secrets,
 )
 from ftlaunch.schedule.units import carried_env, check_no_secrets, log_path, run_argv, systemd_units
 from ftlaunch.schedule.versions import base_output_dir, version_name
@@ -34,6 +37,10 @@ from ftlaunch.schedule.versions import base_output_dir, version_name
 
 def writable_problem(path: Path) -> str | None:
     """Why ``path`` (to be created if missing) cannot be written, or None."""
+    from ftlaunch.run.outdir import link_trouble
+
+    if trouble := link_trouble(path):  # a symlink loop or a link to nothing "does not exist" either
+        return trouble
     p = path
     while not p.exists():
         if p.parent == p:
@@ -100,11 +107,13 @@ def add_schedule(
             hint=f"`ftlaunch schedule remove {spec.name}` first, or choose another name",
         )
     cwd = spec.cwd or os.getcwd()
+    # Secret overrides (swanlab_api_key=...): the record holds key=***, the values a 0600 file of their own.
+    secrets = dict(found for o in spec.overrides if (found := secret_override(o)))
     rec = ScheduleRecord(
         name=spec.name,
         cron=cron.text,
         config=str(Path(cwd, spec.config).absolute()),
-        overrides=tuple(spec.overrides),
+        overrides=tuple(mask_override(o) for o in spec.overrides),
         cwd=cwd,
         keep=spec.keep,
         only_if_changed=spec.only_if_changed,
@@ -114,7 +123,7 @@ def add_schedule(
     base, _, _ = base_output_dir(rec)
     rec = rec.changed(output_dir=str(base))
     # Plan exactly what the first run will plan, so a broken config fails today, not at 2 a.m.
-    make_plan(rec.plan_request(str(base / version_name(spec.name, now or datetime.now(UTC)))), env)
+    make_plan(rec.plan_request(str(base / version_name(spec.name, now or datetime.now(UTC))), secrets), env)
     trainer = find_trainer(env)
     if problem := writable_problem(base):
         raise ConfigError(f"output_dir {problem}")
@@ -127,7 +136,7 @@ def add_schedule(
     log = log_path(env, spec.name)
     line = cron_line(cron, spec.name, argv, carry, log)
     units = systemd_units(cron, spec.name, argv, carry, log)
-    check_no_secrets(line + "".join(units.values()) + json.dumps(rec.to_json(), default=str), env)
+    check_no_secrets(line + "".join(units.values()) + json.dumps(rec.to_json(), default=str), env, secrets.values())
     rec = rec.changed(installed=Installed.CRONTAB if install else Installed.MANUAL, command=line, created=now_iso())
 
     tab = find_crontab(env) if install else None
@@ -136,12 +145,14 @@ def add_schedule(
             raise ScheduleError(f"schedule {spec.name!r} already exists")
         current = tab.read() if tab else ""
         new_text = add_entry(current, spec.name, line) if tab else ""  # a duplicate marker raises here
+        write_schedule_secrets(env, spec.name, secrets)
         write_record(env, rec)
         if tab:
             try:
                 tab.write(new_text)
             except BaseException:
                 record_path(env, spec.name).unlink(missing_ok=True)
+                secrets_path(env, spec.name).unlink(missing_ok=True)
                 raise
     return Added(rec, line, units, installed=install, next_time=next_fire(cron, datetime.now()))
 
@@ -183,4 +194,5 @@ def remove_schedule(name: str, env: Mapping[str, str]) -> Removed:
             raise RunNotFoundError(f"no schedule {name!r}", hint="`ftlaunch schedule list` shows them")
         with locked(env, f"schedule-{name}.json"):
             path.unlink(missing_ok=True)
+            secrets_path(env, name).unlink(missing_ok=True)
     return Removed(name, removed, had_record)

@@ -7,7 +7,8 @@ not know are kept in ``extra`` and written back. ``HistoryEntry`` is one line of
 ``EntryStatus`` (a run's result, ``running`` while it lasts, or ``skipped``) and ``SkipReason``.
 
 Shell: the registry paths, the schedule name rule, read / list / update under a lock (replaced
-atomically), and the lock that keeps two runs of one schedule apart.
+atomically), the lock that keeps two runs of one schedule apart, and the schedule's secret override
+values (``schedules/secrets/<name>.json``, 0600; the record holds ``key=***``).
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
-from ftlaunch.errors import BusyError, FtlaunchError, RunNotFoundError, StateError, StateVersionError
-from ftlaunch.files import home, now_iso, write_json_atomic
+from ftlaunch.errors import BusyError, ConfigError, FtlaunchError, RunNotFoundError, StateError, StateVersionError
+from ftlaunch.files import home, home_folder, now_iso, write_json_atomic
 from ftlaunch.locks import held, try_flock
 from ftlaunch.run.options import RunOptions
 from ftlaunch.schedule.cron import ScheduleError
 
 SCHEDULE_VERSION = 1
 HISTORY_MAX = 200
+SECRETS_DIR = "secrets"  # schedules/secrets/<name>.json: secret override values, 0600
+MASK = "***"  # a secret override's value as the record holds it
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -201,11 +204,30 @@ class ScheduleRecord:
         """The run options it was added with; the run is named after the schedule unless --name said."""
         return replace(self.run, run_name=self.run.run_name or self.name)
 
-    def plan_request(self, output_dir: str) -> Any:
-        """What a run plans: the config, its overrides, and output_dir set to ``output_dir``."""
+    def plan_request(self, output_dir: str, secrets: Mapping[str, str] | None = None) -> Any:
+        """What a run plans: the config, its overrides (secret ones with their values from
+        ``secrets``, the schedule's secrets file), and output_dir set to ``output_dir``."""
         # JSON is valid YAML: the path stays one string whatever characters it holds.
-        over = (*self.overrides, f"output_dir={json.dumps(output_dir)}")
+        over = (*self.unmasked_overrides(secrets or {}), f"output_dir={json.dumps(output_dir)}")
         return self.run_options().plan_request(self.config, over, strict=True, cwd=self.cwd)
+
+    def unmasked_overrides(self, secrets: Mapping[str, str]) -> tuple[str, ...]:
+        """The overrides as given to `schedule add`: each ``key=***`` with its value from ``secrets``.
+        Raises ConfigError when a secret's value is gone (the secrets file was removed)."""
+        from ftlaunch.plan.config import secret_override
+
+        out = []
+        for item in self.overrides:
+            found = secret_override(item)
+            if found and found[1] == MASK:
+                if found[0] not in secrets:
+                    raise ConfigError(
+                        f"schedule {self.name}: the value of {found[0]} is not in {SECRETS_DIR}/{self.name}.json",
+                        hint=f"`ftlaunch schedule remove {self.name}`, then add it again with {found[0]}=...",
+                    )
+                item = f"{item.partition('=')[0]}={secrets[found[0]]}"
+            out.append(item)
+        return tuple(out)
 
     # ---- history (pure): each returns the record with the change
 
@@ -250,7 +272,7 @@ class Unreadable:
 
 
 def schedules_dir(env: Mapping[str, str]) -> Path:
-    return home(env) / "schedules"
+    return home_folder(env, "schedules")  # StateError (exit 12) when FTLAUNCH_HOME is a file
 
 
 def record_path(env: Mapping[str, str], name: str) -> Path:
@@ -275,6 +297,27 @@ def read_record(env: Mapping[str, str], name: str) -> ScheduleRecord:
     except (OSError, json.JSONDecodeError) as exc:
         raise StateError(f"schedule {name}: {path} is unreadable ({exc})") from None
     return ScheduleRecord.from_json(data, f"schedule {name}: {path}")
+
+
+def secrets_path(env: Mapping[str, str], name: str) -> Path:
+    """The schedule's secret override values, 0600 (a folder apart: records are the ``*.json`` beside)."""
+    return schedules_dir(env) / SECRETS_DIR / f"{name}.json"
+
+
+def write_schedule_secrets(env: Mapping[str, str], name: str, secrets: Mapping[str, str]) -> None:
+    """Secret overrides (key -> value as given), readable by this user only: mkstemp creates 0600."""
+    if secrets:
+        write_json_atomic(secrets_path(env, name), dict(secrets))
+
+
+def read_schedule_secrets(env: Mapping[str, str], name: str) -> dict[str, str]:
+    try:
+        data = json.loads(secrets_path(env, name).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StateError(f"schedule {name}: {secrets_path(env, name)} is unreadable ({exc})") from None
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def write_record(env: Mapping[str, str], rec: ScheduleRecord) -> None:

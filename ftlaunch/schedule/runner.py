@@ -22,6 +22,7 @@ from ftlaunch.schedule.records import (
     SkipReason,
     acquire_run_lock,
     read_record,
+    read_schedule_secrets,
     record_entry,
     update_record,
 )
@@ -121,7 +122,7 @@ def _run_locked(
             record_entry(env, name, _entry(running, started, None))
 
         code = start_run(
-            rec.plan_request(str(vdir)),
+            rec.plan_request(str(vdir), read_schedule_secrets(env, name)),
             env,
             rec.run_options().supervisor_settings(),
             foreground=True,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ftlaunch.errors import StateError
@@ -51,9 +51,10 @@ def log_path(env: Mapping[str, str], name: str) -> Path:
     return home(env) / "schedules" / f"{name}.log"
 
 
-def check_no_secrets(text: str, env: Mapping[str, str]) -> None:
-    for key in SECRET_ENV:
-        value = env.get(key)
+def check_no_secrets(text: str, env: Mapping[str, str], values: Iterable[str] = ()) -> None:
+    """Refuse to write a schedule entry that holds a SECRET_ENV value or one of ``values`` (secret overrides)."""
+    named = [(key, env.get(key)) for key in SECRET_ENV] + [("a secret override", v) for v in values]
+    for key, value in named:
         if value and len(value) >= 4 and value in text:
             raise StateError(f"refusing to write {key} into a schedule entry", hint="this is a bug; please report it")
 

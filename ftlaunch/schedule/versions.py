@@ -112,10 +112,11 @@ def set_latest(base: Path, version: str) -> None:
 
 
 def base_output_dir(rec: ScheduleRecord) -> tuple[Path, dict[str, Any], Path]:
-    """The config's own output_dir (absolute), its resolved values and its base directory."""
-    from ftlaunch.plan.config import load_config, resolve_paths
+    """The config's own output_dir (absolute), its resolved values and its base directory. Secret
+    overrides (``key=***`` in the record) are left out: no output_dir or content hash depends on them."""
+    from ftlaunch.plan.config import load_config, resolve_paths, secret_override
 
-    loaded = load_config(rec.config, rec.overrides, cwd=rec.cwd)
+    loaded = load_config(rec.config, [o for o in rec.overrides if not secret_override(o)], cwd=rec.cwd)
     values, _, _ = resolve_paths(loaded.values, loaded.base_dir, strict=False)
     out = values.get("output_dir")
     if not out:

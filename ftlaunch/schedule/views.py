@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from ftlaunch.errors import FtlaunchError
+from ftlaunch.plan.config import mask_override
 from ftlaunch.schedule.cron import ScheduleError, next_fire, parse_cron
 from ftlaunch.schedule.notify import redact_target
 from ftlaunch.schedule.records import EntryStatus, ScheduleRecord, Unreadable, list_records
@@ -30,7 +31,7 @@ def schedule_view(rec: ScheduleRecord | Unreadable, now: datetime | None = None)
         "name": rec.name,
         "cron": rec.cron,
         "config": rec.config,
-        "overrides": list(rec.overrides),
+        "overrides": [mask_override(o) for o in rec.overrides],  # a record written before secrets had a file
         "output_dir": rec.output_dir,
         "keep": rec.keep,
         "only_if_changed": rec.only_if_changed,
