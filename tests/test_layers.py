@@ -107,3 +107,24 @@ def test_every_package_says_what_it_owns_and_may_import():
     for init in sorted(PKG.rglob("__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert len(doc) > 80 and "import" in doc, f"{init}: its docstring says what it owns and may import"
+
+
+def test_the_hub_never_touches_the_plans_types():
+    """The hub returns plain values (what was fetched, from where, the local paths); planning turns them
+    into Changes (plan/prepared.py). So no hub module imports the Plan or Change types, anywhere in
+    it, nor a plan module that loads them when imported."""
+    anywhere = {module_name(p): {m for m, _ in imports(p, top_level_only=False)} for p in modules()}
+    loads = {module_name(p): {m for m, _ in imports(p, top_level_only=True)} for p in modules()}
+    types = {"ftlaunch.plan.planner", "ftlaunch.plan.change"}
+
+    def reaches(deps: set[str], seen: set[str]) -> set[str]:
+        found = deps & types
+        for dep in sorted(deps - types - seen):
+            if dep.startswith("ftlaunch.plan"):
+                seen.add(dep)
+                found |= reaches(loads.get(dep, set()), seen)
+        return found
+
+    hub = [m for m in anywhere if m == "ftlaunch.hub" or m.startswith("ftlaunch.hub.")]
+    assert len(hub) > 5 and any(m.startswith("ftlaunch.plan") for h in hub for m in anywhere[h])
+    assert {h: sorted(reaches(anywhere[h], set())) for h in hub if reaches(anywhere[h], set())} == {}

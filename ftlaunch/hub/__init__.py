@@ -28,16 +28,16 @@ What this adds on top of ``huggingface_hub.snapshot_download`` (read against hug
 Modules: repo (what names a hub repo; cache folder and token from the environment), endpoints (choice
 of hub or mirror), download (the use case), client (resumable HTTP), errors (classification,
 messages), cache (locks, partial files), verify, results, modelscope, model (pre-download a config's
-model), datasets (pre-download a config's hub datasets and adapt dataset_info.json). The package (floor 2)
-imports nothing of ftlaunch but the ground and ftlaunch.plan (for the Plan it adapts to hub
-datasets). Importing it is cheap: huggingface_hub, httpx and tenacity are imported inside the
+model), datasets (pre-download a config's hub datasets). Both return plain values (what was fetched,
+from where, the local paths); planning turns them into the plan's Changes (ftlaunch.plan.prepared).
+The package (floor 2) imports nothing of ftlaunch but the ground and, of ftlaunch.plan, only
+plan.datainfo (dataset_info.json's names): never the Plan or Change types (tests/test_layers.py
+checks). Importing it is cheap: huggingface_hub, httpx and tenacity are imported inside the
 functions.
 Tokens are passed through to huggingface_hub and never appear in results, messages or logs.
 """
 
 from __future__ import annotations
-
-import importlib.util  # noqa: F401 (tests patch find_spec through this package)
 
 from .cache import clear_stale_locks, lock_is_held
 from .download import download, offline_env

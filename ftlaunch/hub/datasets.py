@@ -24,9 +24,10 @@ the run's id and the adapted ``dataset_info.json`` in ``Plan.files``, which ``cr
 the config does not set ``media_dir`` (which defaults to ``dataset_dir``), ``media_dir`` becomes the original
 folder so relative image/video/audio paths still resolve. The user's ``dataset_info.json`` is never modified.
 
-Pure parts (``dataset_names``, ``hub_datasets``, ``download_patterns``, ``adapt_dataset_info``, ``adapt_config``,
-``with_datasets``) take and return plain data; ``prefetch_datasets`` is the shell that reads the
-file and downloads.
+Here: the pure parts that find what to download (``dataset_names``, ``hub_datasets``, ``download_patterns``) and
+the shell that reads the file and downloads (``prefetch_datasets``), which returns plain values
+(``DatasetPrefetch``). Writing the run's copy and the Changes it makes is planning's:
+``ftlaunch.plan.prepared`` (``adapt_dataset_info``, ``adapt_config``, ``final_plan``).
 """
 
 from __future__ import annotations
@@ -34,20 +35,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError
-from ftlaunch.hub.download import offline_env
 from ftlaunch.hub.repo import HubSettings, is_repo_id
-from ftlaunch.plan.change import Change
-from ftlaunch.plan.planner import Plan
-
-INFO_FILE = "dataset_info.json"
-SUMMARY_KEY = "hub_datasets"  # Plan.extra: what was downloaded (goes into plan.json)
-ONLINE = "ONLINE"
-_OTHER_HUBS = ("ms_hub_url", "om_hub_url")
+from ftlaunch.plan.datainfo import INFO_FILE, ONLINE, OTHER_HUBS
 
 
 @dataclass(frozen=True)
@@ -114,118 +108,18 @@ def download_patterns(refs: Iterable[HubDataset]) -> dict[str, list[str] | None]
     return out
 
 
-def adapt_dataset_info(
-    info: Mapping[str, Any] | None,
-    names: Iterable[str],
-    downloaded: Mapping[str, str],
-    dataset_dir: str,
-    *,
-    why: str = "pre-downloaded",
-) -> tuple[dict[str, Any], list[Change]]:
-    """The dataset_info.json for the run folder, and one Change per entry pointed at a local snapshot.
-
-    ``downloaded``: repo id -> absolute snapshot path. ``dataset_dir``: the absolute original folder (ignored
-    for ONLINE, ``info`` None). Named hub entries whose repo is in ``downloaded`` get ``hf_hub_url`` = the
-    snapshot path (everything else kept, other hubs' urls dropped); relative ``file_name``/``script_url`` of all
-    entries are made absolute against ``dataset_dir``; the rest is copied as is.
-    """
-    wanted = {ref.name: ref for ref in hub_datasets(info, names)}
-    changes: list[Change] = []
-    reason = f"{why}; the local copy is loaded with HF_DATASETS_OFFLINE=1"
-    if info is None:
-        out: dict[str, Any] = {}
-        for name, ref in wanted.items():
-            local = downloaded.get(ref.repo_id)
-            out[name] = {"hf_hub_url": local or ref.repo_id}
-            if local:
-                changes.append(Change(f"dataset_info[{name}].hf_hub_url", ref.repo_id, local, reason))
-        return out, changes
-    out = {}
-    for name, entry in info.items():
-        if not isinstance(entry, Mapping):
-            out[name] = entry
-            continue
-        new = dict(entry)
-        ref = wanted.get(name)
-        local = downloaded.get(ref.repo_id) if ref is not None else None
-        if ref is not None and local:
-            new["hf_hub_url"] = local
-            for key in _OTHER_HUBS:
-                new.pop(key, None)
-            changes.append(Change(f"dataset_info[{name}].hf_hub_url", ref.repo_id, local, reason))
-        for key in ("file_name", "script_url"):
-            value = new.get(key)
-            if isinstance(value, str) and value and not os.path.isabs(value) and key in _local_keys(new):
-                new[key] = os.path.join(dataset_dir, value)
-        out[name] = new
-    return out, changes
-
-
-def _local_keys(entry: Mapping[str, Any]) -> tuple[str, ...]:
-    """The key LLaMA-Factory reads a local path from, given its precedence (hub urls > script > file)."""
-    if any(k in entry for k in ("hf_hub_url", *_OTHER_HUBS)):
-        return ()
-    if "script_url" in entry:
-        return ("script_url",)
-    if "cloud_file_name" in entry:
-        return ()
-    return ("file_name",)
-
-
-def adapt_config(
-    values: Mapping[str, Any], repo_ids: Iterable[str], *, run_dir: str | Path
-) -> tuple[dict[str, Any], list[Change]]:
-    """Config keys to set so LLaMA-Factory reads the run's dataset_info.json: ``dataset_dir`` (and ``media_dir``)."""
-    old = str(values.get("dataset_dir", "data"))
-    repos = ", ".join(sorted(set(repo_ids)))
-    run_dir = str(run_dir)
-    updates: dict[str, Any] = {"dataset_dir": run_dir}
-    if old == ONLINE:
-        why = f"the run's own {INFO_FILE} points the hub dataset(s) {repos} to their local snapshots"
-    else:
-        why = (
-            f"the run's own {INFO_FILE} points the hub dataset(s) {repos} to their local snapshots and every "
-            f"other entry to {old} (whose {INFO_FILE} is left unchanged)"
-        )
-    changes = [Change("dataset_dir", values.get("dataset_dir"), run_dir, why)]
-    if old != ONLINE and not old.startswith("REMOTE:") and not values.get("media_dir"):
-        updates["media_dir"] = old
-        changes.append(
-            Change(
-                "media_dir",
-                None,
-                old,
-                "LLaMA-Factory defaults media_dir to dataset_dir, which is now the run folder: "
-                "media paths stay relative to the original dataset folder",
-            )
-        )
-    return updates, changes
-
-
 @dataclass(frozen=True)
 class DatasetPrefetch:
-    info: dict[str, Any]  # the adapted dataset_info.json
-    config: dict[str, Any]  # config keys to set
-    changes: tuple[Change, ...]
-    downloads: tuple[dict[str, Any], ...]  # per repo: repo_id, path, endpoint, files, bytes, retries
-    warnings: tuple[str, ...] = field(default=())
+    """What ``prefetch_datasets`` did: plain values (planning turns them into the run's dataset_info.json and
+    its Changes, ``ftlaunch.plan.prepared.final_plan``). No ``downloads``: nothing was, ``warnings`` say why."""
 
-
-def with_datasets(p: Plan, d: DatasetPrefetch, run_id: str) -> Plan:
-    """The plan for run ``run_id`` with the adapted config, the changes, the offline env and the run's own
-    dataset_info.json (``Plan.files``, written by create_run)."""
-    if not d.downloads:
-        return replace(p, warnings=(*p.warnings, *d.warnings))
-    return replace(
-        p,
-        config={**p.config, **d.config},
-        changes=(*p.changes, *d.changes),
-        env={**p.env, **offline_env()},
-        extra={**dict(p.extra), SUMMARY_KEY: [dict(x) for x in d.downloads]},
-        warnings=(*p.warnings, *d.warnings),
-        run_id=run_id,
-        files={**dict(p.files), INFO_FILE: d.info},
-    )
+    dataset_dir: str = ""  # the original folder, absolute, or ONLINE
+    info: dict[str, Any] | None = None  # its dataset_info.json as the user wrote it (None for ONLINE)
+    entries: tuple[HubDataset, ...] = ()  # the named hub datasets (hub_datasets of info and the names)
+    endpoint: str | None = None
+    endpoint_reason: str = ""
+    downloads: tuple[dict[str, Any], ...] = ()  # per repo: repo_id, path, endpoint(_reason), files, bytes, retries
+    warnings: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------------------------------------ shell
@@ -248,13 +142,12 @@ def prefetch_datasets(
     mirror: str | None,
     env: Mapping[str, str],
     *,
-    run_dir: str | Path,
     cwd: str | Path | None = None,
     progress: bool = True,
     on_retry: Callable[..., None] | None = None,
 ) -> DatasetPrefetch | None:
-    """Download the hub datasets named in ``values`` (paths already resolved) and adapt dataset_info.json for the
-    run whose folder will be ``run_dir``. None when the config names no hub dataset."""
+    """Download the hub datasets named in ``values`` (paths already resolved): what was downloaded, from where, to
+    which snapshot, with the dataset_info.json that names them. None when the config names no hub dataset."""
     from ftlaunch import hub
 
     names = dataset_names(values)
@@ -263,44 +156,37 @@ def prefetch_datasets(
     dataset_dir = str(values.get("dataset_dir", "data"))
     if dataset_dir.startswith("REMOTE:"):
         return DatasetPrefetch(
-            {},
-            {},
-            (),
-            (),
-            (f"dataset_dir {dataset_dir}: the dataset list lives on the hub; its datasets are not pre-downloaded",),
+            warnings=(
+                f"dataset_dir {dataset_dir}: the dataset list lives on the hub; its datasets are not pre-downloaded",
+            )
         )
     if dataset_dir != ONLINE and not os.path.isabs(dataset_dir):
         dataset_dir = str((Path(cwd or os.getcwd()) / dataset_dir).resolve())
     info = read_dataset_info(dataset_dir)
     refs = hub_datasets(info, names, cwd=Path(cwd or os.getcwd()))
     warnings = [
-        f"dataset {n}: only on ModelScope/Modelers ({', '.join(k for k in _OTHER_HUBS if k in info[n])}), "
+        f"dataset {n}: only on ModelScope/Modelers ({', '.join(k for k in OTHER_HUBS if k in info[n])}), "
         "not pre-downloaded"
         for n in names
         if info is not None
         and isinstance(info.get(n), Mapping)
         and "hf_hub_url" not in info[n]
-        and any(k in info[n] for k in _OTHER_HUBS)
+        and any(k in info[n] for k in OTHER_HUBS)
     ]
     if not refs:
-        return DatasetPrefetch({}, {}, (), (), tuple(warnings)) if warnings else None
+        return DatasetPrefetch(warnings=tuple(warnings)) if warnings else None
 
     first = refs[0].repo_id
     choice = hub.choose_endpoint(first, mirror, env, repo_type="dataset")
     if choice.use_modelscope:
         return DatasetPrefetch(
-            {},
-            {},
-            (),
-            (),
-            (
+            warnings=(
                 *warnings,
                 f"hub dataset(s) {', '.join(r.repo_id for r in refs)}: not pre-downloaded from ModelScope "
                 "(Hugging Face hub datasets only); use --mirror hf / hf-mirror / URL",
             ),
         )
     settings = HubSettings.from_env(env)
-    downloaded: dict[str, str] = {}
     downloads: list[dict[str, Any]] = []
     for repo_id, patterns in download_patterns(refs).items():
         result = hub.download(
@@ -313,7 +199,6 @@ def prefetch_datasets(
             on_retry=on_retry,
             allow_patterns=patterns,
         )
-        downloaded[repo_id] = result.path
         downloads.append(
             {
                 "repo_id": repo_id,
@@ -325,7 +210,7 @@ def prefetch_datasets(
                 "retries": result.retries,
             }
         )
-    why = f"pre-downloaded from {choice.url} ({choice.reason})"
-    new_info, info_changes = adapt_dataset_info(info, names, downloaded, dataset_dir, why=why)
-    updates, config_changes = adapt_config({**values, "dataset_dir": dataset_dir}, downloaded, run_dir=run_dir)
-    return DatasetPrefetch(new_info, updates, (*config_changes, *info_changes), tuple(downloads), tuple(warnings))
+    # The run's dataset_info.json names every hub entry, a downloaded one by its snapshot (so without cwd: a
+    # name that is also a local folder there was not downloaded and keeps its hub url).
+    entries = tuple(hub_datasets(info, names))
+    return DatasetPrefetch(dataset_dir, info, entries, choice.url, choice.reason, tuple(downloads), tuple(warnings))

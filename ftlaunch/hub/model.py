@@ -1,5 +1,6 @@
 """Pre-download a model (or only its config.json) for a config: choose the endpoint, download into
-the hub cache, and say where it came from (`Prefetch`)."""
+the hub cache, and say where it came from (`Prefetch`, a plain value: planning turns it into the
+plan's ``model_name_or_path`` change, ftlaunch.plan.prepared.final_plan)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ftlaunch.hub.download import offline_env
 from ftlaunch.hub.repo import HubSettings
-from ftlaunch.plan.planner import Plan
 
 
 @dataclass(frozen=True)
@@ -57,22 +56,3 @@ def prefetch_model(
         repo_type=repo_type,
     )
     return Prefetch(repo_id, choice.url, choice.reason, result.path, result.files, result.bytes, result.retries)
-
-
-def with_prefetch(p: Plan, fetched: Prefetch, *, weights: bool) -> Plan:
-    """Point the trainer at the local snapshot and keep it off the network (train only)."""
-    extra = {"hub": fetched.to_dict()}
-    if not weights:
-        return Plan(**{**p.__dict__, "extra": {**dict(p.extra), **extra}})
-    from ftlaunch.plan.change import Change
-
-    config = dict(p.config)
-    old = config.get("model_name_or_path")
-    config["model_name_or_path"] = fetched.path
-    why = (
-        f"pre-downloaded from {fetched.endpoint or 'ModelScope'} ({fetched.endpoint_reason}); "
-        "the trainer then runs with HF_HUB_OFFLINE=1"
-    )
-    changes = (*p.changes, Change("model_name_or_path", old, fetched.path, why))
-    env = {**p.env, **offline_env()}
-    return Plan(**{**p.__dict__, "config": config, "changes": changes, "env": env, "extra": {**dict(p.extra), **extra}})

@@ -4,7 +4,9 @@ Owns what a plan is and how it is made: reading and validating LLaMA-Factory con
 what a machine has (hardware: values, parsers, the NVML probe), a model's exact shape (modelspec),
 the GPU-memory model, micro-batch chooser, memory store and simulator (memory/), the one
 ``Change`` type (change), the one ZeRO-3 offload rule (offload), the batch arithmetic (batch), the
-planner itself (planner: config + hardware + options -> Plan) and the plan's rendering (render).
+planner itself (planner: config + hardware + options -> Plan), the final plan step that turns what
+the shells found (resolved paths, pre-downloaded model and datasets, the run it is for) into Changes
+(prepared, with dataset_info.json's names in datainfo) and the plan's rendering (render).
 Decisions are functions over data; the only shells here are the config/hardware readers, the
 memory store and the simulator's child process.
 

@@ -1,6 +1,9 @@
 """The planning core: config + hardware + options -> Plan. Pure: no files, env, network or GPU.
 
-Every decision is a ``Change(key, old, new, reason)``; rendering lives in ``ftlaunch.cli.render``.
+Every decision is a ``Change(key, old, new, reason)``; rendering lives elsewhere: the plan table and
+plan.txt in ``ftlaunch.plan.render``, the terminal and ``--json`` in ``ftlaunch.cli.render``. What the
+shells found around planning (resolved paths, pre-downloaded model and datasets, the run it is for) is
+added once by ``ftlaunch.plan.prepared.final_plan``; nothing edits a Plan after that.
 Invariant kept: global batch = micro-batch x accumulation x world size (exactly where it divides,
 else the nearest achievable, said in the table). Learning rate, epochs and scheduler never change.
 LLaMA-Factory's own refusals (ZeRO-3, several processes, DeepSpeed, CUDA-only methods), the
@@ -49,10 +52,17 @@ class Plan:
     memory: Mapping[str, Any] | None = None
     # Defaults the installed versions decide (plan/environment.py default_notes): said, not changed.
     notes: tuple[str, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    # A plan whose config names its run's folder (pre-downloaded hub datasets) is made for one run:
-    # its id, and the JSON files that folder gets beside config.yaml (name -> content).
+    schema: str | None = None  # "v1": planned in the schema of LLaMA-Factory's v1 trainer (plan/v1.py)
+    # Set by plan/prepared.py final_plan, kept in plan.json: the config keys made absolute, the model
+    # pre-downloaded (repo, endpoint and why, path, size) and, per repo, the hub datasets downloaded.
+    resolved_paths: tuple[str, ...] = ()
+    hub: Mapping[str, Any] | None = None
+    hub_datasets: tuple[Mapping[str, Any], ...] = ()
+    # The run the plan is for (made once by run/prepare.py): its id, the key what it learns about memory
+    # is kept under (plan/memory/store.py config_key), and the JSON files its folder gets beside
+    # config.yaml (name -> content: pre-downloaded hub datasets' dataset_info.json).
     run_id: str | None = None
+    memory_key: str | None = None
     files: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -78,7 +88,10 @@ class Plan:
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "memory": dict(self.memory) if self.memory is not None else None,
-            **dict(self.extra),
+            **({"resolved_paths": list(self.resolved_paths)} if self.resolved_paths else {}),
+            **({"hub": dict(self.hub)} if self.hub is not None else {}),
+            **({"hub_datasets": [dict(x) for x in self.hub_datasets]} if self.hub_datasets else {}),
+            **({"schema": self.schema} if self.schema else {}),
         }
 
 

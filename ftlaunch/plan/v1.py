@@ -371,5 +371,5 @@ def plan_v1(
         accumulation=accum,
         warnings=tuple(warnings),
         memory=None,
-        extra={"schema": "v1"},
+        schema="v1",
     )

@@ -25,14 +25,13 @@ from ftlaunch.plan.config import (
     redact_secret_text,
     split_secrets,
 )
-from ftlaunch.plan.memory.store import config_key
 from ftlaunch.plan.planner import Plan
 from ftlaunch.plan.render import plan_text
 from ftlaunch.run.outdir import Existing, claim_output_dir, home_problem
 from ftlaunch.run.prepare import PlanRequest
 from ftlaunch.run.procs import spawn_detached
 from ftlaunch.run.state import Budget, RunState, RunStatus
-from ftlaunch.run.store import append_event, new_run_id, read_state, runs_root, write_secrets, write_state
+from ftlaunch.run.store import append_event, read_state, runs_root, write_secrets, write_state
 from ftlaunch.run.trainer import find_trainer, public_env
 
 
@@ -54,11 +53,16 @@ def create_run(
     """Write a run directory completely, then make it visible with one rename (no half runs).
 
     Secret-looking keys (hub_token, *_token, *api_key*) go to a 0600 secrets.json only: config.yaml,
-    plan.json, plan.txt, source.yaml and state.json never hold them in clear."""
+    plan.json, plan.txt, source.yaml and state.json never hold them in clear.
+
+    ``p`` is a final plan (``run.prepare.make_plan``): its ``run_id`` names the folder, its ``memory_key``
+    goes into the state."""
+    if p.run_id is None:
+        raise ValueError("create_run: the plan names no run (plan it with ftlaunch.run.prepare.make_plan)")
     root = runs_root(env)
     home_problem(env)
     root.mkdir(parents=True, exist_ok=True)
-    run_id = p.run_id or new_run_id()
+    run_id = p.run_id
     public, secrets = split_secrets(p.config)
     p = Plan(**{**p.__dict__, "config": public})
     tmp = root / f".{run_id}.tmp"
@@ -103,7 +107,7 @@ def create_run(
             budget=Budget(oom_max=max_retries, crash_max=max_crash_retries, stall_max=max_stall_restarts),
             stall_timeout=stall_timeout,
             trainer_env=dict(public_env({**p.env, **(trainer_env or {})})),
-            memory_key=config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target),
+            memory_key=p.memory_key,
             predicted_peak_gib=(p.memory or {}).get("peak_gib") if p.hardware.gpus else None,
         )
         # What `train` found in the output_dir, the schedule that started it: state fields too.
@@ -124,7 +128,7 @@ def new_run(
 ) -> tuple[Path, IO[str]]:
     """`train`: claim the output_dir, then create the run. The lock returned is held: pass it on to
     `start_detached` or `Supervisor(lock=...)`, so no second run can start in between."""
-    lock, record = claim_output_dir(env, loaded, p, existing)
+    lock, record = claim_output_dir(env, p, existing)
     try:
         extra = {**dict(settings.pop("extra_state", None) or {}), **record}
         run_dir = create_run(loaded, p, env, extra_state=extra, **settings)

@@ -16,10 +16,6 @@ from typing import IO, Any
 from ftlaunch.errors import BusyError, ConfigError, StateError
 from ftlaunch.files import home
 from ftlaunch.locks import flock_open, try_flock
-from ftlaunch.plan.config import (
-    LoadedConfig,
-)
-from ftlaunch.plan.memory.store import config_key
 from ftlaunch.plan.planner import Plan
 from ftlaunch.run import progress as prog
 from ftlaunch.run.orphans import refuse_if_alive, runs_of_output_dir
@@ -89,7 +85,7 @@ def not_writable(path: Path) -> str | None:
 
 
 def claim_output_dir(
-    env: Mapping[str, str], loaded: LoadedConfig, p: Plan, existing: Existing = Existing.REFUSE
+    env: Mapping[str, str], p: Plan, existing: Existing = Existing.REFUSE
 ) -> tuple[IO[str], dict[str, Any]]:
     """Before a new run exists: check FTLAUNCH_HOME and the output_dir, take the output_dir's lock
     (exit 7 when a live run holds it) and decide about old checkpoints under it.
@@ -98,7 +94,10 @@ def claim_output_dir(
     check runs under the lock, so no other shell can start a trainer in between.
 
     Returns the held lock (hand it to `start_detached` or the Supervisor) and the state fields that
-    record what was found."""
+    record what was found. ``p`` is a final plan (``run.prepare.make_plan``): its config key tells
+    whether earlier runs into the output_dir were of this config."""
+    if p.memory_key is None:
+        raise ValueError("claim_output_dir: the plan has no config key (plan it with ftlaunch.run.prepare.make_plan)")
     home_problem(env)
     output_dir = str(p.config.get("output_dir") or "")
     if not output_dir:
@@ -112,8 +111,7 @@ def claim_output_dir(
         out = Path(output_dir)
         checkpoints = [path.name for _, path in prog.checkpoint_dirs(out)]
         owners = sorted((st for _, st in runs), key=lambda st: st.created or "")  # ids of one second sort at random
-        key = config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target)
-        verdict, why = output_dir_verdict(output_dir, checkpoints, owners, key, existing)
+        verdict, why = output_dir_verdict(output_dir, checkpoints, owners, p.memory_key, existing)
         record: dict[str, Any] = {}
         if verdict == "fresh" and out.is_dir() and any(out.iterdir()):
             aside = Path(f"{output_dir}.old-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")

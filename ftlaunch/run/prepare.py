@@ -1,6 +1,7 @@
 """Making a plan for a request: load and resolve the config, find the hardware (probe, catalog or
 file), fetch from the hub when asked, size the model, recall what worked on this card before, and
-plan once with the memory model (``make_plan``). The shell around the pure ``planner.plan``.
+plan once with the memory model (``make_plan``). The shell around the pure ``planner.plan``: the run
+id and the config key are made here, once, and the plan it returns is final (``plan.prepared``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ftlaunch.errors import ConfigError, HardwareError, StateError
-from ftlaunch.hub.model import Prefetch, prefetch_model, with_prefetch
+from ftlaunch.hub.download import offline_env
+from ftlaunch.hub.model import Prefetch, prefetch_model
 from ftlaunch.hub.repo import is_repo_id
 from ftlaunch.plan.config import (
     PATH_KEYS,
@@ -25,6 +27,7 @@ from ftlaunch.plan.hardware import Hardware, catalog_hardware, load_hardware_fil
 from ftlaunch.plan.memory.adapt import make_memory_chooser, model_spec_for
 from ftlaunch.plan.memory.store import config_key, recall
 from ftlaunch.plan.planner import Plan, PlanOptions, global_batch_for, plan
+from ftlaunch.plan.prepared import final_plan
 from ftlaunch.run.store import new_run_id, runs_root
 
 
@@ -74,7 +77,9 @@ def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path
     return hw
 
 
-def make_v1_plan(req: PlanRequest, env: Mapping[str, str], loaded: LoadedConfig) -> tuple[LoadedConfig, Plan]:
+def make_v1_plan(
+    req: PlanRequest, env: Mapping[str, str], loaded: LoadedConfig, run_id: str
+) -> tuple[LoadedConfig, Plan]:
     """A config of LLaMA-Factory's v1 trainer (USE_V1=1), planned in its own schema (ftlaunch.plan.v1)."""
     from ftlaunch.plan import v1
 
@@ -93,17 +98,19 @@ def make_v1_plan(req: PlanRequest, env: Mapping[str, str], loaded: LoadedConfig)
     hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
     options = PlanOptions(source_gpus=req.source_gpus, global_batch=req.global_batch, headroom=req.headroom)
     p = v1.plan_v1(values, hw, options, meta=loaded.meta, deepspeed_config=ds)
-    if warnings:
-        p = Plan(**{**p.__dict__, "warnings": tuple(warnings) + p.warnings})
-    return loaded, p
+    key = config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target)  # v1 recalls nothing: made after
+    return loaded, final_plan(p, run_id=run_id, memory_key=key, warnings=warnings)
 
 
 def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, Plan]:
+    """The final plan for ``req``, made for one run: its id (``Plan.run_id``, the folder `create_run` makes)
+    and its config key (``Plan.memory_key``: what worked on this card is recalled and learned under it)."""
     from ftlaunch.plan.v1 import env_wants_v1
 
+    run_id = new_run_id()  # the run this plan is for: pre-downloaded datasets' dataset_info.json lives in its folder
     loaded = load_config(req.config, req.overrides, cwd=req.cwd, use_v1=env_wants_v1(env))
     if loaded.v1:
-        return make_v1_plan(req, env, loaded)
+        return make_v1_plan(req, env, loaded, run_id)
     values, problems, warnings = resolve_paths(loaded.values, loaded.base_dir, strict=req.strict_files)
     # train, schedule add and estimate (strict) size a training run; plan only shows what it would be.
     (problems if req.strict_files else warnings).extend(training_problems(values))
@@ -121,19 +128,12 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
         fetched = prefetch_model(
             str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=sys.stderr.isatty()
         )
-    datasets = None
+    datasets = run_dir = None
     if req.mirror and req.download_weights:  # train: hub datasets too, so the offline trainer finds them
         from ftlaunch.hub.datasets import prefetch_datasets
 
-        run_id = new_run_id()  # the datasets' dataset_info.json lives in the run's folder: fix its name now
-        datasets = prefetch_datasets(
-            values,
-            req.mirror,
-            env,
-            run_dir=runs_root(env) / run_id,
-            cwd=loaded.base_dir,
-            progress=sys.stderr.isatty(),
-        )
+        datasets = prefetch_datasets(values, req.mirror, env, cwd=loaded.base_dir, progress=sys.stderr.isatty())
+        run_dir = runs_root(env) / run_id
     hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
     model_config = req.model_config
     if fetched is not None and model_config is None and (Path(fetched.path) / "config.json").exists():
@@ -144,9 +144,10 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     options = PlanOptions(source_gpus=req.source_gpus, global_batch=req.global_batch, headroom=req.headroom)
     # What worked on this card before: the micro-batch a recovered run settled on (the most the
     # chooser may take) and the GPU memory a run was seen to use (the chooser's correction).
-    target = global_batch_for(values, hw.world_size, options, loaded.meta).target
+    # The one config key of this plan: recalled under here, and the run's state keeps it (Plan.memory_key).
+    key = config_key(loaded.values, hw.gpu_model, global_batch_for(values, hw.world_size, options, loaded.meta).target)
     try:
-        learned = recall(env, config_key(loaded.values, hw.gpu_model, target)) or {}
+        learned = recall(env, key) or {}
     except StateError as exc:  # another version's or a torn learned.json: plan without it, say so
         learned = {}
         warnings.append(f"what worked on this card before was not used: {exc.message}")
@@ -161,15 +162,15 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     if spec is not None:
         chooser = make_memory_chooser(spec, ds, headroom=req.headroom, observed=learned.get("observed"))
     p = plan(values, hw, options, meta=loaded.meta, memory_chooser=chooser, deepspeed_config=ds)
-    resolved = [k for k in PATH_KEYS if k in values and loaded.values.get(k) != values.get(k)]
-    if resolved:
-        p = Plan(**{**p.__dict__, "extra": {**dict(p.extra), "resolved_paths": resolved}})
-    if fetched is not None:
-        p = with_prefetch(p, fetched, weights=req.download_weights)
-    if datasets is not None:
-        from ftlaunch.hub.datasets import with_datasets
-
-        p = with_datasets(p, datasets, run_id)
-    if warnings:
-        p = Plan(**{**p.__dict__, "warnings": tuple(warnings) + p.warnings})
-    return loaded, p
+    return loaded, final_plan(
+        p,
+        run_id=run_id,
+        memory_key=key,
+        warnings=warnings,
+        resolved_paths=[k for k in PATH_KEYS if k in values and loaded.values.get(k) != values.get(k)],
+        model=fetched,
+        weights=req.download_weights,
+        datasets=datasets,
+        run_dir=run_dir,
+        offline_env=offline_env(),
+    )

@@ -8,6 +8,7 @@ real home. Backoff sleeps are injected (recorded, not slept).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import random
@@ -19,7 +20,6 @@ import httpx
 import pytest
 from filelock import FileLock
 
-from ftlaunch import hub as hubmod
 from ftlaunch.errors import BusyError, ConfigError, ExitCode, HubError, NetworkError, VerifyError
 from ftlaunch.hub import (
     KNOWN_ENDPOINTS,
@@ -477,9 +477,9 @@ def test_offline_env() -> None:
 
 
 def test_modelscope_without_package_is_hub_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_find_spec = hubmod.importlib.util.find_spec
+    real_find_spec = importlib.util.find_spec  # modelscope.py asks importlib.util, the one module object
     monkeypatch.setattr(
-        hubmod.importlib.util, "find_spec", lambda name, *a: None if name == "modelscope" else real_find_spec(name, *a)
+        importlib.util, "find_spec", lambda name, *a: None if name == "modelscope" else real_find_spec(name, *a)
     )
     with pytest.raises(HubError, match="'modelscope' package is not installed") as info:
         download(REPO, endpoint="modelscope", cache_dir=tmp_path)

@@ -16,22 +16,20 @@ import pytest
 import yaml
 
 from ftlaunch.hub.datasets import (
-    INFO_FILE,
-    SUMMARY_KEY,
     DatasetPrefetch,
     HubDataset,
-    adapt_config,
-    adapt_dataset_info,
     dataset_names,
     download_patterns,
     hub_datasets,
     prefetch_datasets,
-    with_datasets,
 )
+from ftlaunch.hub.download import offline_env
 from ftlaunch.hub.repo import HubSettings, is_repo_id
 from ftlaunch.plan.change import Change
+from ftlaunch.plan.datainfo import INFO_FILE
 from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.plan.planner import plan
+from ftlaunch.plan.prepared import adapt_config, adapt_dataset_info, final_plan
 
 from ..conftest import tiny_config, venv_bin, write_yaml
 from ..fakehub import FakeHub
@@ -106,7 +104,11 @@ def test_adapt_dataset_info_points_hub_entry_to_snapshot_and_keeps_everything_el
     before = json.loads(json.dumps(INFO))
     snap = "/cache/datasets--org--alpaca-tiny/snapshots/abc"
     out, changes = adapt_dataset_info(
-        INFO, ["hub", "local_rel"], {"org/alpaca-tiny": snap}, "/home/u/data", why="pre-downloaded from X"
+        INFO,
+        hub_datasets(INFO, ["hub", "local_rel"]),
+        {"org/alpaca-tiny": snap},
+        "/home/u/data",
+        why="pre-downloaded from X",
     )
     assert INFO == before  # input untouched
     hub = out["hub"]
@@ -130,7 +132,7 @@ def test_adapt_dataset_info_points_hub_entry_to_snapshot_and_keeps_everything_el
 
 
 def test_adapt_dataset_info_online_builds_entries_from_repo_ids():
-    out, changes = adapt_dataset_info(None, ["org/a", "org/b"], {"org/a": "/snap/a"}, "ONLINE")
+    out, changes = adapt_dataset_info(None, hub_datasets(None, ["org/a", "org/b"]), {"org/a": "/snap/a"}, "ONLINE")
     assert out == {"org/a": {"hf_hub_url": "/snap/a"}, "org/b": {"hf_hub_url": "org/b"}}
     assert [c.key for c in changes] == ["dataset_info[org/a].hf_hub_url"]
 
@@ -152,26 +154,29 @@ def _plan():
     return plan({"dataset": "hub", "dataset_dir": "/home/u/data", "bf16": True}, catalog_hardware("A100-80GB"))
 
 
-def test_with_datasets_makes_the_plan_for_one_run():
+def test_final_plan_makes_the_plan_for_one_run():
     d = DatasetPrefetch(
-        info={"hub": {"hf_hub_url": "/snap"}},
-        config={"dataset_dir": RUN},
-        changes=(Change("dataset_dir", "/home/u/data", RUN, "why"),),
+        dataset_dir="/home/u/data",
+        info={"hub": {"hf_hub_url": "org/x"}},
+        entries=(HubDataset("hub", "org/x"),),
+        endpoint="http://mirror",
+        endpoint_reason="--mirror",
         downloads=({"repo_id": "org/x", "path": "/snap"},),
         warnings=("w",),
     )
-    p = with_datasets(_plan(), d, "20261201-120000-abcd")
+    p = final_plan(_plan(), run_id="20261201-120000-abcd", datasets=d, run_dir=RUN, offline_env=offline_env())
     assert p.config["dataset_dir"] == RUN and p.env["HF_DATASETS_OFFLINE"] == "1" and "w" in p.warnings
     assert p.run_id == "20261201-120000-abcd" and p.files == {INFO_FILE: {"hub": {"hf_hub_url": "/snap"}}}
     assert [c.new for c in p.changes if c.key == "dataset_dir"] == [RUN]
     plan_json = p.to_dict()  # the payload goes to the run's folder, not into plan.json
-    assert "dataset_info" not in plan_json and INFO_FILE not in json.dumps(plan_json)
-    assert plan_json[SUMMARY_KEY][0]["repo_id"] == "org/x"
+    assert "dataset_info" not in plan_json and INFO_FILE not in plan_json and "files" not in plan_json
+    assert p.files[INFO_FILE] not in plan_json.values()
+    assert plan_json["hub_datasets"][0]["repo_id"] == "org/x"
     assert _plan().run_id is None and _plan().files == {}
 
 
-def test_with_datasets_without_downloads_only_warns():
-    p = with_datasets(_plan(), DatasetPrefetch({}, {}, (), (), ("not pre-downloaded",)), "r")
+def test_final_plan_without_downloads_only_warns():
+    p = final_plan(_plan(), datasets=DatasetPrefetch(warnings=("not pre-downloaded",)), offline_env=offline_env())
     assert p.config == _plan().config and p.files == {} and p.run_id is None and "not pre-downloaded" in p.warnings
 
 
@@ -202,15 +207,17 @@ def test_prefetch_datasets_downloads_and_the_result_loads_offline(tmp_path, onli
     values = {"dataset": "hub", "eval_dataset": "loc", "dataset_dir": str(data)}
     with FakeHub(datasets={"org/alpaca-tiny": {**DATASET_FILES, "other/big.json": b"[]"}}) as h:
         url = h.url
-        d = prefetch_datasets(values, url, online, run_dir=RUN, cwd=tmp_path, progress=False)
+        d = prefetch_datasets(values, url, online, cwd=tmp_path, progress=False)
         asked = {r.path for r in h.requests}
     assert d is not None
+    p = final_plan(plan(values, catalog_hardware("A100-80GB")), datasets=d, run_dir=RUN)
     assert "/api/datasets/org/alpaca-tiny" in asked
     assert not any(p.endswith("other/big.json") for p in asked)  # only the folder (and the card)
-    snap = d.info["hub"]["hf_hub_url"]
+    run_info = p.files[INFO_FILE]
+    snap = run_info["hub"]["hf_hub_url"]
     assert snap.startswith(str(tmp_path / "hf" / "hub" / "datasets--org--alpaca-tiny" / "snapshots"))
-    assert d.info["hub"]["folder"] == "data" and d.info["loc"]["file_name"] == str(data / "loc.json")
-    assert d.config == {"dataset_dir": RUN, "media_dir": str(data)}
+    assert run_info["hub"]["folder"] == "data" and run_info["loc"]["file_name"] == str(data / "loc.json")
+    assert (p.config["dataset_dir"], p.config["media_dir"]) == (RUN, str(data))
     assert d.downloads[0]["repo_id"] == "org/alpaca-tiny" and d.downloads[0]["endpoint"] == url
     assert json.loads((data / "dataset_info.json").read_text()) == info  # the user's file is unchanged
 
@@ -227,11 +234,8 @@ def test_prefetch_datasets_downloads_and_the_result_loads_offline(tmp_path, onli
 
 def test_prefetch_datasets_is_none_without_hub_datasets(tmp_path, online):
     (tmp_path / "dataset_info.json").write_text(json.dumps({"loc": {"file_name": "x.json"}}))
-    assert (
-        prefetch_datasets({"dataset": "loc", "dataset_dir": str(tmp_path)}, "http://127.0.0.1:9", online, run_dir=RUN)
-        is None
-    )
-    assert prefetch_datasets({"dataset_dir": str(tmp_path)}, "http://127.0.0.1:9", online, run_dir=RUN) is None
+    assert prefetch_datasets({"dataset": "loc", "dataset_dir": str(tmp_path)}, "http://127.0.0.1:9", online) is None
+    assert prefetch_datasets({"dataset_dir": str(tmp_path)}, "http://127.0.0.1:9", online) is None
 
 
 # ------------------------------------------------------------------------------------------------- end to end
@@ -279,7 +283,7 @@ def test_train_with_mirror_predownloads_hub_dataset_and_trains_offline(tiny, tmp
     assert run_info["alpaca_tiny"]["file_name"] == str(data / "alpaca_tiny.json")
     plan_json = json.loads((run_dir / "plan.json").read_text())
     assert plan_json["env"]["HF_DATASETS_OFFLINE"] == "1" and "dataset_info" not in plan_json
-    assert plan_json[SUMMARY_KEY][0]["repo_id"] == "org/alpaca-tiny"
+    assert plan_json["hub_datasets"][0]["repo_id"] == "org/alpaca-tiny"
     assert any(c["key"] == "dataset_dir" and c["new"] == str(run_dir) for c in plan_json["changes"])
     assert json.loads((run_dir / "state.json").read_text())["status"] == "succeeded"
     log = (run_dir / "train.log").read_text()
