@@ -252,5 +252,6 @@ def estimate_renderables(out: Mapping[str, Any]) -> list[Any]:
         shown.append(lv)
     shown += [Para(Text.assemble(("warning:", "yellow"), f" {w}")) for w in out.get("plan_warnings") or []]
     if out.get("histogram"):  # None: it could not be saved (said on stderr)
-        shown.append(Para(f"length histogram: {out['histogram']}", "path"))
+        label = "length histogram: "  # the path's lines go on under its first
+        shown.append(Para(label + out["histogram"], "path", hang=len(label)))
     return shown

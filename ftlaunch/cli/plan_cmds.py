@@ -129,9 +129,8 @@ def _run_environment(
     as_json: bool, lock_run: str | None, output: str | None, diff_run: str | None, run2: str | None
 ) -> None:
     """`env --lock [RUN]` and `env --diff RUN [RUN2]`."""
-    from rich.table import Table
-
     from ftlaunch.files import write_text_atomic
+    from ftlaunch.plan.tables import Col, Grid
     from ftlaunch.run.environment import diff_of_runs, lock_of_run
     from ftlaunch.run.store import find_run
 
@@ -157,9 +156,8 @@ def _run_environment(
     if not diff.changed:
         console.print(f"{la} and {lb}: the same environment (sha256 {a.digest()[:16]})", highlight=False)
         return
-    t = Table(title=f"environment: {la} -> {lb}")
-    for col in ("", "package", la, lb):
-        t.add_column(col)
+    # package names and versions whole; a system value (a path, a GPU name) wraps at / or spaces
+    t = Grid(Col("kind", "prose"), Col("package"), Col(la, "path"), Col(lb, "path"), title=f"environment: {la} -> {lb}")
     for kind, rows in (("decides training", diff.deciding), ("other", diff.other), ("system", diff.system)):
         for d in rows:
             t.add_row(kind, d.what, *(str(x) if x is not None else "(none)" for x in (d.before, d.after)))

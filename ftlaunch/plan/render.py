@@ -76,7 +76,7 @@ def memory_table(mem: Any) -> Grid:
     headroom than the target) or does not fit."""
     t = Grid(
         Col("component"),
-        Col("GiB", "prose", justify="right"),
+        Col("GiB", "prose"),
         title="memory per GPU (GiB, predicted)",
         show_header=False,
     )
@@ -108,7 +108,8 @@ def memory_table(mem: Any) -> Grid:
     if mem.get("host_ram_note"):
         t.add_row("host RAM", str(mem["host_ram_note"]))
     if mem.get("tried"):
-        t.add_row("micro-batch tried", ", ".join(f"{b}: {p:.1f}" for b, p in mem["tried"]))
+        # micro-batch:peak GiB, no space inside a pair: a line breaks between pairs only
+        t.add_row("micro-batch tried", ", ".join(f"{b}:{p:.1f}" for b, p in mem["tried"]))
     return t
 
 
