@@ -135,6 +135,22 @@ def read_header(text: str) -> dict[str, Any]:
     return {}
 
 
+@dataclass(frozen=True)
+class _Scalar:
+    """A YAML file whose whole content is one scalar (a word, a number, true)."""
+
+    value: Any
+
+
+def _yaml_scalar(text: str) -> _Scalar | None:
+    """The file's one scalar, when it holds nothing else (None: a mapping, a list, empty, or no YAML)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    return None if value is None or isinstance(value, (dict, list)) else _Scalar(value)
+
+
 def load_config(
     path: str | Path, overrides: Sequence[str] = (), cwd: str | Path | None = None, *, use_v1: bool = False
 ) -> LoadedConfig:
@@ -168,11 +184,24 @@ def load_config(
     try:
         if src_abs.suffix == ".json":
             data = json.loads(text)
-            node = OmegaConf.create(data) if isinstance(data, dict) else data
+            node = OmegaConf.create(data) if isinstance(data, dict) else _yaml_scalar(text) or data
         else:
             node = OmegaConf.load(src_abs)
+    except OSError as exc:  # OmegaConf refuses a number or true/false as the whole file: "Invalid loaded object type"
+        node = _yaml_scalar(text)
+        if node is None:
+            raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     except (yaml.YAMLError, ValueError, OmegaConfBaseException) as exc:
         raise ConfigError(f"{path} does not parse: {exc}") from None
+    # OmegaConf reads a file holding only `just a string` as {"just a string": None}: say what it is.
+    if isinstance(node, DictConfig) and len(node) == 1 and next(iter(node.values())) is None:
+        node = _yaml_scalar(text) or node
+    if isinstance(node, _Scalar):
+        raise ConfigError(
+            f"{path} holds a {'JSON' if src_abs.suffix == '.json' else 'YAML'} scalar ({node.value!r}), "
+            "not a mapping of keys",
+            hint="a training config is lines of `key: value` (e.g. `stage: sft`), one key per line",
+        )
     if node is None or (isinstance(node, DictConfig) and len(node) == 0):
         raise ConfigError(
             f"{path} is empty: there is nothing to train",

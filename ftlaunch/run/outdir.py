@@ -5,6 +5,7 @@ starting process to the supervisor), and what a new run does with checkpoints it
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ftlaunch.errors import BusyError, ConfigError, StateError
-from ftlaunch.files import home
+from ftlaunch.files import file_in_the_way, home
 from ftlaunch.locks import flock_open, try_flock
 from ftlaunch.plan.planner import Plan
 from ftlaunch.run import progress as prog
@@ -80,7 +81,44 @@ def not_writable(path: Path) -> str | None:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as exc:
+        if trouble := link_trouble(path):
+            return trouble
+        if blocker := file_in_the_way(path):
+            return f"{path} is not writable: {'it' if blocker == path else blocker} is a file, not a folder"
         return f"{path} is not writable ({exc.strerror or exc})"
+    return None
+
+
+def link_trouble(path: Path) -> str | None:
+    """Why ``path`` cannot be a folder because of a symlink on the way to it, or None: a symlink loop
+    (``a -> b -> a``) or a link to nothing (mkdir says "File exists" for both)."""
+    where = Path(os.path.abspath(path))
+    for cur in [*reversed(where.parents), where]:  # from the root down: the first broken link is the one
+        if not cur.is_symlink():
+            if not os.path.lexists(cur):
+                return None  # missing from here on: mkdir makes it
+            continue
+        try:
+            os.stat(cur)
+            continue  # a working link
+        except OSError as exc:
+            broken = exc.errno
+        chain = [cur]
+        while len(chain) < 12:
+            try:
+                nxt = Path(os.path.normpath(chain[-1].parent / os.readlink(chain[-1])))
+            except OSError:
+                break
+            chain.append(nxt)
+            if nxt in chain[:-1]:
+                break
+        shown = " -> ".join(str(c) for c in chain)
+        at = f"{where} cannot be made: {cur}" if cur != where else str(where)
+        if broken == errno.ELOOP:
+            return f"{at} is a symlink loop ({shown})"
+        if broken == errno.ENOENT:
+            return f"{at} is a symlink to {chain[-1]}, which does not exist ({shown})"
+        return None
     return None
 
 
@@ -103,7 +141,7 @@ def claim_output_dir(
     if not output_dir:
         raise ConfigError("key 'output_dir' is missing: the run needs a directory for its checkpoints")
     if problem := not_writable(Path(output_dir)):
-        raise ConfigError(f"output_dir {problem}", hint="choose a directory you can write")
+        raise ConfigError(f"output_dir {problem}", hint="point output_dir at a real folder you can write")
     lock = acquire_output_lock(env, output_dir, f"{NEW_RUN} (pid {os.getpid()})")
     try:
         runs = runs_of_output_dir(env, output_dir)
