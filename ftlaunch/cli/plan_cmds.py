@@ -106,8 +106,8 @@ def env_cmd(as_json: bool, lock_run: str | None, output: str | None, diff_run: s
     Examples:
       ftlaunch env
       ftlaunch env --json > hw.json   # then elsewhere: ftlaunch plan cfg.yaml --hardware hw.json
-      ftlaunch env --lock nightly -o requirements-nightly.txt
-      ftlaunch env --diff nightly     # the run's environment against this machine's now
+      ftlaunch env --lock 20261130-1200 -o requirements-1200.txt
+      ftlaunch env --diff 20261130-1200     # the run's environment against this machine's now
     """
     if lock_run is not None or diff_run is not None:
         _run_environment(as_json, lock_run, output, diff_run, run2)
