@@ -240,6 +240,9 @@ class Grid:
             if self.show_header:
                 if n:
                     yield Text("")
+                if not any(self._text(c) or isinstance(c, Bar) for c in row[1:]):  # a group's title row
+                    yield self._draw(0, row[0], width)
+                    continue
                 for i, cell in enumerate(row):
                     yield from self._stacked_value(i, cell, labels[i].ljust(label_w), beside, width)
             else:  # the first cell labels the row; the others go indented below it

@@ -86,12 +86,12 @@ def as_terminal(monkeypatch: pytest.MonkeyPatch, width: int | None) -> None:
         monkeypatch.setenv("COLUMNS", str(width))
 
 
-def cli(monkeypatch: pytest.MonkeyPatch, width: int | None, *args: str) -> str:
+def cli(monkeypatch: pytest.MonkeyPatch, width: int | None, *args: str, stderr: bool = False) -> str:
     with monkeypatch.context() as m:
         as_terminal(m, width)
         r = CliRunner().invoke(main, list(args))
     assert r.exception is None or isinstance(r.exception, SystemExit), r.output
-    return r.stdout
+    return r.stderr if stderr else r.stdout
 
 
 def rendered(renderables: Iterable, width: int | None) -> str:
@@ -169,6 +169,19 @@ def test_plan_at_every_width(tmp_path, monkeypatch):
         text = cli(monkeypatch, width, *args)
         batch = f"{d['global_batch']['source']} -> {d['global_batch']['target']}"
         check(text, width, [*keys, *values, *memory, batch], [str(ds)])
+
+
+def test_what_would_fit_at_every_width(tmp_path, monkeypatch):
+    cfg, _ = write_config(tmp_path)
+    args = ("plan", str(cfg), "finetuning_type=full", "--gpu", "T4", "--params", "7B")
+    d = json.loads(cli(monkeypatch, None, *args, "--json"))
+    assert d["error"] and d["alternatives"], d
+    words = ["same numbers:", "other method/data:"]
+    for a in d["alternatives"]:
+        words += [a["option"], f"{a['peak_gib']:.1f}"]
+        words += [f"{k}={v}" for k, v in (a.get("change") or {}).items()] if a.get("fits") else []
+    for width in WIDTHS:
+        check(cli(monkeypatch, width, *args, stderr=True), width, words)
 
 
 def write_run(home: Path, run_id: str, name: str, status: str, step: int, total: int) -> Path:
