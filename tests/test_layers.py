@@ -1,9 +1,11 @@
 """The package's floors, checked on the source: no module imports a floor above its own, and the
 modules' top-level imports form no circle.
 
-Floors, bottom up: the ground (errors, files, locks), plan/ (the pure planning core and its two
-readers: config files and the hardware probe), hub/ (downloads), run/ (one run's life), estimate/,
-schedule/, and cli/ on top. A module may import its own floor and the ones below.
+Floors, bottom up: the ground (errors, files, locks), plan/ (the planning core: pure but for the
+readers tests/test_purity.py lists), probe/ (the hardware shells: the probe, the hardware file
+reader, the runtime GPU sampler; floor 1.5, so plan/ cannot reach them), hub/ (downloads), run/ (one
+run's life), estimate/, schedule/, and cli/ on top. A module may import its own floor and the ones
+below.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ FLOORS = {
     "ftlaunch.files": 0,
     "ftlaunch.locks": 0,
     "ftlaunch.plan": 1,
+    "ftlaunch.probe": 1.5,
     "ftlaunch.hub": 2,
     "ftlaunch.run": 3,
     "ftlaunch.estimate": 4,

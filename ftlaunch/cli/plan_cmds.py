@@ -114,8 +114,8 @@ def env_cmd(as_json: bool, lock_run: str | None, output: str | None, diff_run: s
         return
     if output or run2:
         raise click.UsageError("-o goes with --lock, RUN2 with --diff")
-    from ftlaunch.plan.hardware import probe
     from ftlaunch.plan.render import hardware_renderables
+    from ftlaunch.probe.hardware import probe
 
     hw = probe(env_now())
     if as_json:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from ftlaunch.plan.config import truthy
+from ftlaunch.plan.flags import truthy
 
 from ..errors import ConfigError
 

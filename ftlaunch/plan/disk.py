@@ -34,7 +34,7 @@ from enum import StrEnum
 from typing import Any
 
 from ftlaunch.plan.batch import epoch_steps
-from ftlaunch.plan.config import truthy
+from ftlaunch.plan.flags import truthy
 from ftlaunch.plan.memory.setup import TrainSetup
 from ftlaunch.plan.memory.states import dtype_bytes, lora_modules, optimizer_state_bytes, trainable_params
 from ftlaunch.plan.modelspec import ModelSpec

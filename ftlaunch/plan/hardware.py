@@ -1,9 +1,8 @@
-"""What the machine has: GPUs, host RAM, disk. Values, parsers (pure) and the probe (a thin shell).
+"""What the machine has: GPUs, host RAM, disk. Values, the catalog and the parsers, all pure.
 
-The probe never imports torch. Order: NVML (nvidia-ml-py), then ``nvidia-smi --query-gpu``, then
-"no GPU"; each failed step is recorded in ``Hardware.notes`` so a silent fallback cannot hide.
-``CUDA_VISIBLE_DEVICES`` is honoured the way CUDA honours it (indices or UUIDs, cut at the first
-invalid entry; empty means no GPU).
+The shells that fill them live in ftlaunch.probe: the probe (NVML, then ``nvidia-smi``, then "no
+GPU"), the hardware file reader and the runtime GPU sampler. ``CUDA_VISIBLE_DEVICES`` is honoured
+the way CUDA honours it (indices or UUIDs, cut at the first invalid entry; empty means no GPU).
 """
 
 from __future__ import annotations
@@ -12,9 +11,7 @@ import difflib
 import json
 import math
 import re
-import shutil
-import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -236,35 +233,33 @@ def all_pairs(count: int) -> tuple[tuple[int, int], ...]:
     return tuple((i, j) for i in range(count) for j in range(i + 1, count))
 
 
-def load_hardware_file(path: str | Path) -> Hardware:
-    p = Path(path)
+def hardware_from_json(text: str, where: str | Path) -> Hardware:
+    """A hardware file's text (``ftlaunch env --json``) as a Hardware value, every field checked;
+    ``where`` names the file in messages and in the value's source. Pure: the probe shell reads."""
     try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError as exc:
-        raise HardwareError(f"hardware file {p} does not exist") from exc
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise HardwareError(
-            f"hardware file {p} is not valid JSON: {exc}",
+            f"hardware file {where} is not valid JSON: {exc}",
             hint="write it with `ftlaunch env --json > hw.json`",
         ) from exc
     if not isinstance(data, dict):
-        raise HardwareError(f"hardware file {p} must hold a JSON object")
+        raise HardwareError(f"hardware file {where} must hold a JSON object")
     if "gpus" not in data:  # without it, any JSON object would be planned as a machine with no GPU
         if isinstance(data.get("hardware"), dict):
             seen = "`ftlaunch plan --json` output, not a machine"
         else:
             seen = f"no machine (keys: {', '.join(sorted(map(str, data)))[:200] or 'none'})"
         raise HardwareError(
-            f"hardware file {p} has no 'gpus' list: it holds {seen}",
+            f"hardware file {where} has no 'gpus' list: it holds {seen}",
             hint="write it with `ftlaunch env --json > hw.json` on the target machine (gpus [] for no GPU)",
         )
     if problems := hardware_file_problems(data):
         raise HardwareError(
-            f"hardware file {p} is malformed: " + "; ".join(problems),
+            f"hardware file {where} is malformed: " + "; ".join(problems),
             hint="write it with `ftlaunch env --json > hw.json` on the target machine",
         )
-    hw = Hardware.from_dict(data, source=f"file:{p}")
-    return hw
+    return Hardware.from_dict(data, source=f"file:{where}")
 
 
 def _is_number(value: Any) -> bool:
@@ -393,45 +388,6 @@ def filter_visible(gpus: Sequence[Gpu], cuda_visible_devices: str | None) -> lis
     return [replace(g, index=i) for i, g in enumerate(chosen)]
 
 
-def gpus_from_nvml(nvml: Any) -> tuple[list[Gpu], str | None]:
-    """Read GPUs through a pynvml-like module (injected, so tests can pass a recorded one)."""
-    nvml.nvmlInit()
-    try:
-        driver = nvml.nvmlSystemGetDriverVersion()
-        if isinstance(driver, bytes):
-            driver = driver.decode()
-        gpus = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            name = nvml.nvmlDeviceGetName(h)
-            if isinstance(name, bytes):
-                name = name.decode()
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            try:
-                cc = tuple(nvml.nvmlDeviceGetCudaComputeCapability(h))
-            except Exception:  # old drivers lack the call; unknown capability fails closed
-                cc = None
-            uuid = nvml.nvmlDeviceGetUUID(h)
-            if isinstance(uuid, bytes):
-                uuid = uuid.decode()
-            gpus.append(
-                Gpu(
-                    index=i,
-                    name=str(name),
-                    total_mib=int(mem.total // (1024 * 1024)),
-                    free_mib=int(mem.free // (1024 * 1024)),
-                    compute_capability=cc,  # type: ignore[arg-type]
-                    uuid=uuid,
-                )
-            )
-        return gpus, driver
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
 # NVML's nvmlGpuP2PStatus_t: 0 is NVML_P2P_STATUS_OK; anything else (chipset or GPU not supported,
 # topology, disabled by the driver, unknown) means no peer-to-peer read between the two.
 NVML_P2P_STATUS_OK = 0
@@ -451,157 +407,3 @@ def blocked_pairs(statuses: Mapping[tuple[str, str], int], visible: Sequence[Gpu
             if status != NVML_P2P_STATUS_OK:
                 out.append((min(a.index, b.index), max(a.index, b.index)))
     return tuple(out)
-
-
-def p2p_from_nvml(nvml: Any) -> dict[tuple[str, str], int]:
-    """(uuid, uuid) -> P2P read status for every pair of GPUs, through a pynvml-like module."""
-    nvml.nvmlInit()
-    try:
-        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        uuids = []
-        for h in handles:
-            u = nvml.nvmlDeviceGetUUID(h)
-            uuids.append(u.decode() if isinstance(u, bytes) else str(u))
-        caps = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", NVML_P2P_CAPS_INDEX_READ)
-        out: dict[tuple[str, str], int] = {}
-        for i, hi in enumerate(handles):
-            for j in range(i + 1, len(handles)):
-                out[(uuids[i], uuids[j])] = int(nvml.nvmlDeviceGetP2PStatus(hi, handles[j], caps))
-        return out
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
-# ---------------------------------------------------------------- the shell
-
-
-def load_pynvml() -> Any:
-    import pynvml  # nvidia-ml-py; light, no CUDA runtime needed
-
-    return pynvml
-
-
-def _run_nvidia_smi() -> str:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        raise FileNotFoundError("nvidia-smi not on PATH")
-    out = subprocess.run(
-        [exe, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=15,
-        check=True,
-    )
-    return out.stdout
-
-
-def _versions() -> dict[str, str | None]:
-    from importlib import metadata
-
-    out: dict[str, str | None] = {}
-    for pkg in ("ftlaunch", "llamafactory", "torch", "transformers", "deepspeed", "peft"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def probe(
-    env: Mapping[str, str],
-    *,
-    disk_path: str | Path = ".",
-    nvml_loader: Callable[[], Any] = load_pynvml,
-    smi_runner: Callable[[], str] = _run_nvidia_smi,
-) -> Hardware:
-    """Probe this machine. Never raises for a missing GPU: records why in ``notes``."""
-    import os
-
-    import psutil
-
-    notes: list[str] = []
-    gpus: list[Gpu] = []
-    driver: str | None = None
-    source = "none"
-    try:
-        gpus, driver = gpus_from_nvml(nvml_loader())
-        source = "nvml"
-    except Exception as exc:  # NVML missing or no driver: fall back, but say why
-        notes.append(f"NVML unavailable: {exc}")
-        try:
-            gpus, driver = parse_nvidia_smi_csv(smi_runner())
-            source = "nvidia-smi"
-        except Exception as exc2:
-            notes.append(f"nvidia-smi unavailable: {exc2}")
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if gpus and visible is not None:
-        before = len(gpus)
-        gpus = filter_visible(gpus, visible)
-        notes.append(f"CUDA_VISIBLE_DEVICES={visible!r}: {len(gpus)} of {before} GPUs visible")
-    blocked: tuple[tuple[int, int], ...] = ()
-    if len(gpus) > 1:
-        try:
-            blocked = blocked_pairs(p2p_from_nvml(nvml_loader()), gpus)
-        except Exception as exc:  # no NVML: nvidia-smi cannot say; assume P2P (data-centre default), say so
-            notes.append(f"peer-to-peer access between GPUs unknown (NVML: {exc}); assumed available")
-        if blocked:
-            notes.append(f"no peer-to-peer access between GPUs {blocked} (NVML): NCCL_P2P_DISABLE=1 is planned")
-    vm = psutil.virtual_memory()
-    disk_dir = Path(disk_path)
-    while not disk_dir.exists() and disk_dir != disk_dir.parent:
-        disk_dir = disk_dir.parent
-    try:
-        disk_free = shutil.disk_usage(disk_dir).free / 2**30
-    except OSError:
-        disk_free = None
-    return Hardware(
-        gpus=tuple(gpus),
-        source=source,
-        driver_version=driver,
-        host_ram_gib=round(vm.total / 2**30, 2),
-        host_available_gib=round(vm.available / 2**30, 2),
-        disk_free_gib=None if disk_free is None else round(disk_free, 2),
-        cpu_count=os.cpu_count(),
-        versions=_versions(),
-        notes=tuple(notes),
-        p2p_blocked=blocked,
-    )
-
-
-def _usage_per_device(pids: set[int], nvml_loader: Callable[[], Any]) -> list[int] | None:
-    """Bytes these processes use on each GPU, per NVML; None when NVML cannot tell."""
-    try:
-        nvml = nvml_loader()
-        nvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        out = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            out.append(sum(int(proc.usedGpuMemory or 0) for proc in procs if proc.pid in pids))
-        return out
-    except Exception:
-        return None
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
-def gpu_memory_of(pids: set[int], nvml_loader: Callable[[], Any] = load_pynvml) -> float | None:
-    """GiB of GPU memory used by these processes, all GPUs together, per NVML; None when NVML cannot tell."""
-    used = _usage_per_device(pids, nvml_loader)
-    return None if used is None else round(sum(used) / 2**30, 2)
-
-
-def gpu_peak_of(pids: set[int], nvml_loader: Callable[[], Any] = load_pynvml) -> float | None:
-    """GiB used by these processes on the busiest GPU (the memory model is per GPU); None when NVML
-    cannot tell (no GPU, no driver) or they hold no GPU memory."""
-    busiest = max(_usage_per_device(pids, nvml_loader) or [], default=0)
-    return round(busiest / 2**30, 3) if busiest else None

@@ -21,8 +21,8 @@ from ftlaunch.errors import ConfigError, HardwareError
 from ftlaunch.plan import rules
 from ftlaunch.plan.batch import split_batch
 from ftlaunch.plan.change import REMOVED, Change
-from ftlaunch.plan.config import truthy
 from ftlaunch.plan.environment import default_notes
+from ftlaunch.plan.flags import truthy
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.memory.setup import deepspeed_stage
 

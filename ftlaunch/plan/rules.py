@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ftlaunch.plan.config import truthy
+from ftlaunch.plan.flags import truthy
 
 __all__ = [
     "Rule",

@@ -26,7 +26,6 @@ import difflib
 import json
 from collections.abc import Mapping
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +67,9 @@ MOVED = {
 @cache
 def schema() -> dict[str, Any]:
     """``{"keys": {name: kind}, "choices": {name: [values]}}`` of the v1 trainer."""
-    text = resources.files("ftlaunch").joinpath("data/llamafactory_keys.json").read_text()
-    return dict(json.loads(text)["v1"])
+    from ftlaunch.plan.config import shipped_keys  # config imports v1 inside a function: no circle
+
+    return dict(shipped_keys()["v1"])
 
 
 def v1_keys() -> dict[str, str]:

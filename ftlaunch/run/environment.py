@@ -26,7 +26,7 @@ from typing import Any
 from ftlaunch.errors import EnvChangedError, FtlaunchError, StateError
 from ftlaunch.files import now_iso, write_json_atomic
 from ftlaunch.plan.environment import EnvDiff, Environment, canonical, compare, diff_table
-from ftlaunch.plan.hardware import load_pynvml
+from ftlaunch.probe.hardware import load_pynvml
 from ftlaunch.run.state import RunState
 from ftlaunch.run.store import append_event, read_state, update_state
 

@@ -5,7 +5,7 @@ process's memory some time after the process is gone; an attempt started before 
 nothing.
 
 ``wait_gpu_released`` is the pure loop over injected probes, clock and sleep; ``nvml_probes`` and
-``gpu_used_mib`` are the thin NVML shell (through ftlaunch.plan.hardware, never torch). With no GPU
+``gpu_used_mib`` are the thin NVML shell (through ftlaunch.probe, never torch). With no GPU
 or no NVML the probes say None and the wait ends at once.
 """
 
@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ftlaunch.plan.hardware import filter_visible, gpu_memory_of, gpus_from_nvml, load_pynvml
+from ftlaunch.plan.hardware import filter_visible
+from ftlaunch.probe.hardware import gpus_from_nvml, load_pynvml
+from ftlaunch.probe.usage import gpu_memory_of
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from ftlaunch.plan.change import Change
-from ftlaunch.plan.config import truthy
+from ftlaunch.plan.flags import truthy
 
 MAX_ROLLBACKS = 2
 

@@ -23,11 +23,12 @@ from ftlaunch.plan.config import (
     resolve_paths,
     training_problems,
 )
-from ftlaunch.plan.hardware import Hardware, catalog_hardware, load_hardware_file, probe
+from ftlaunch.plan.hardware import Hardware, catalog_hardware
 from ftlaunch.plan.memory.adapt import make_memory_chooser, model_spec_for
 from ftlaunch.plan.memory.store import config_key, recall
 from ftlaunch.plan.planner import Plan, PlanOptions, global_batch_for, plan
 from ftlaunch.plan.prepared import final_plan
+from ftlaunch.probe.hardware import load_hardware_file, probe
 from ftlaunch.run.store import new_run_id, runs_root
 
 

@@ -27,9 +27,9 @@ from ftlaunch.errors import ExitCode, FtlaunchError, StateError
 from ftlaunch.files import write_text_atomic
 from ftlaunch.plan.config import dump_yaml, read_header
 from ftlaunch.plan.disk import DiskForecast, enough_for_save
-from ftlaunch.plan.hardware import gpu_peak_of
 from ftlaunch.plan.memory.store import remember, remember_observed
 from ftlaunch.plan.offload import materialize, refusal
+from ftlaunch.probe.usage import gpu_peak_of
 from ftlaunch.run import environment
 from ftlaunch.run import progress as prog
 from ftlaunch.run import records as run_records

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import StateError
-from ftlaunch.plan.hardware import gpu_memory_of
+from ftlaunch.probe.usage import gpu_memory_of
 from ftlaunch.run import progress as prog
 from ftlaunch.run.procs import Liveness, liveness
 from ftlaunch.run.state import RunState, RunStatus

@@ -13,11 +13,9 @@ from ftlaunch.plan.hardware import (
     Hardware,
     catalog_hardware,
     filter_visible,
-    gpus_from_nvml,
-    load_hardware_file,
     parse_nvidia_smi_csv,
-    probe,
 )
+from ftlaunch.probe.hardware import gpus_from_nvml, load_hardware_file, probe
 
 DATA = Path(__file__).parent.parent / "data"
 
@@ -156,7 +154,7 @@ def test_hardware_file_round_trip(tmp_path):
 
 
 def test_gpu_memory_of_sums_the_runs_processes():
-    from ftlaunch.plan.hardware import gpu_memory_of
+    from ftlaunch.probe.usage import gpu_memory_of
 
     class Nv(FakeNvml):
         def nvmlDeviceGetComputeRunningProcesses(self, h):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from ftlaunch.plan.hardware import gpu_peak_of
 from ftlaunch.plan.memory.store import recall
+from ftlaunch.probe.usage import gpu_peak_of
 from ftlaunch.run.launch import create_run
 from ftlaunch.run.prepare import PlanRequest, make_plan
 from ftlaunch.run.store import read_state

@@ -11,11 +11,12 @@ import yaml
 from ftlaunch.errors import ConfigError, DoesNotFitError, HardwareError
 from ftlaunch.plan import rules
 from ftlaunch.plan.config import dump_yaml, read_header
-from ftlaunch.plan.hardware import Gpu, Hardware, blocked_pairs, catalog_hardware, p2p_from_nvml, probe
+from ftlaunch.plan.hardware import Gpu, Hardware, blocked_pairs, catalog_hardware
 from ftlaunch.plan.memory.adapt import make_memory_chooser
 from ftlaunch.plan.modelspec import spec_from_config, spec_from_param_count
 from ftlaunch.plan.offload import ZERO3_OFFLOAD, materialize, offload_config_path
 from ftlaunch.plan.planner import PlanOptions, plan
+from ftlaunch.probe.hardware import p2p_from_nvml, probe
 
 # Meta-Llama-3-8B's config.json (the shape of the upstream AWQ/GPTQ examples' models)
 LLAMA3_8B = {

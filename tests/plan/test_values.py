@@ -13,7 +13,8 @@ from ftlaunch.cli.main import main
 from ftlaunch.errors import ConfigError, HardwareError
 from ftlaunch.estimate.compare import unmatched_prices
 from ftlaunch.plan.config import load_config, resolve_paths, training_problems
-from ftlaunch.plan.hardware import catalog_hardware, hardware_file_problems, load_hardware_file
+from ftlaunch.plan.hardware import catalog_hardware, hardware_file_problems
+from ftlaunch.probe.hardware import load_hardware_file
 
 
 def run(*args: str):

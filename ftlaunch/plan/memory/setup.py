@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ftlaunch.plan.config import truthy
+from ftlaunch.plan.flags import truthy
 
 
 @dataclass(frozen=True)
