@@ -42,9 +42,10 @@ def tail_offset(f: BinaryIO, lines: int, block: int = 8192) -> int:
 def follow_log(run_dir: Path, tail_lines: int | None = None, poll: float = 0.3) -> None:
     """Print the log (all of it, or its last `tail_lines` lines), then follow until the run ends."""
     from ftlaunch.run.state import RunStatus
+    from ftlaunch.run.store import RunFolder
     from ftlaunch.run.view import run_view
 
-    path = run_dir / "train.log"
+    path = RunFolder(run_dir).train_log
     try:
         with open(path, "rb") as f:
             f.seek(0 if tail_lines is None else tail_offset(f, tail_lines))

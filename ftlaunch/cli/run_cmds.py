@@ -6,6 +6,7 @@ ftlaunch.run.control.*, ftlaunch.run.view.*) and renders; following a log lives 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,14 +180,18 @@ def _submit_slurm(
     """`train --slurm`: submit the run as a batch job, then say how to watch it."""
     from ftlaunch.plan.render import plan_renderables
     from ftlaunch.run.slurm.submit import submit_run
+    from ftlaunch.run.store import RunFolder
 
-    run_dir, job, p = submit_run(config, overrides, opts, req, env_now(), existing=existing or "refuse")
+    sub = submit_run(config, overrides, opts, req, env_now(), cwd=os.getcwd(), existing=existing or "refuse")
+    for n in sub.warnings:  # a local filesystem works when every "node" is this machine: say so, do not refuse
+        click.echo(f"warning: {n}", err=True)
+    run_dir, job, p = sub.run_dir, sub.job, sub.plan
     if as_json:
         echo_json({"id": run_dir.name, "run_dir": str(run_dir), "slurm_job_id": job})
         return
     for r in plan_renderables(p):
         err_console.print(r)
-    script = run_dir / "job.sbatch"
+    script = RunFolder(run_dir).job_script
     click.echo(f"submitted run {run_dir.name} as Slurm job {job} ({req.nodes} node(s)); script {script}")
     click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
     click.echo(f"  status: ftlaunch status {run_dir.name}   (queued while Slurm holds it)")
@@ -245,13 +250,13 @@ def logs(run: str | None, follow: bool) -> None:
       ftlaunch logs
       ftlaunch logs -f 20261130-1200
     """
-    from ftlaunch.run.store import find_run
+    from ftlaunch.run.store import RunFolder, find_run
 
     run_dir = find_run(env_now(), run)
     if follow:
         follow_log(run_dir)
         return
-    with open(run_dir / "train.log", "rb") as f:
+    with open(RunFolder(run_dir).train_log, "rb") as f:
         sys.stdout.buffer.write(f.read())
 
 
@@ -268,7 +273,8 @@ def stop(run: str | None, grace: float) -> None:
     from ftlaunch.run.control import stop_run
     from ftlaunch.run.store import find_run
 
-    click.echo(stop_run(find_run(env_now(), run), grace=grace))
+    env = env_now()
+    click.echo(stop_run(find_run(env, run), env, grace=grace))
 
 
 @click.command()
@@ -330,6 +336,7 @@ def resume(
         overrides=overrides,
         allow_global_batch_change=allow_global_batch_change,
         allow_env_change=allow_env_change,
+        cwd=os.getcwd(),
     )
     pid = resumed.pid
     if resumed.outcome is ResumeOutcome.ALIVE:

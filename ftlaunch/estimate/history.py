@@ -19,7 +19,7 @@ from ftlaunch.errors import FtlaunchError
 from ftlaunch.run import accounting as acc
 from ftlaunch.run.progress import parse_trainer_log
 from ftlaunch.run.records import read_attempts
-from ftlaunch.run.store import find_run, read_events, read_state
+from ftlaunch.run.store import RunFolder, find_run, read_events, read_state
 
 TRAINER_LOG = "trainer_log.jsonl"
 
@@ -74,7 +74,7 @@ def training_history(ref: str | None, env: Mapping[str, str]) -> TrainingHistory
         return _from_output_dir(
             out,
             f"{title}, from {out / TRAINER_LOG} (may hold other runs' steps)",
-            run_dir / "progress.png",
+            RunFolder(run_dir).progress_png,
             read_events(run_dir),
         )
     why = _why(read_events(run_dir))
@@ -90,7 +90,7 @@ def training_history(ref: str | None, env: Mapping[str, str]) -> TrainingHistory
             f"run {run_dir.name} has no logged training steps yet",
             hint="the trainer logs from its first logging step (logging_steps)",
         )
-    return TrainingHistory(segments, attempts, title, run_dir / "progress.png", tuple(markers))
+    return TrainingHistory(segments, attempts, title, RunFolder(run_dir).progress_png, tuple(markers))
 
 
 def _from_output_dir(

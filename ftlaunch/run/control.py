@@ -17,32 +17,40 @@ from typing import Any
 
 from ftlaunch.errors import BusyError, ConfigError, StateError, StateVersionError
 from ftlaunch.files import now_iso
-from ftlaunch.plan.config import (
-    dump_yaml,
-    split_secrets,
-)
+from ftlaunch.plan.config import split_secrets
 from ftlaunch.run import progress as prog
 from ftlaunch.run.environment import refuse_resume
 from ftlaunch.run.launch import supervise
 from ftlaunch.run.orphans import TrainerAlive, live_trainers, runs_of_output_dir, stop_trainer
 from ftlaunch.run.procs import Liveness, liveness
 from ftlaunch.run.state import RunState, RunStatus
-from ftlaunch.run.store import append_event, read_state, update_state, write_secrets, write_state
+from ftlaunch.run.store import (
+    RunFolder,
+    append_event,
+    read_config,
+    read_secrets,
+    read_state,
+    set_aside_state,
+    update_state,
+    write_config,
+    write_secrets,
+    write_state,
+)
 from ftlaunch.run.trainer import find_trainer
 
 
-def _stop_slurm_job(run_dir: Path, job: str, grace: float) -> str | None:
+def _stop_slurm_job(run_dir: Path, job: str, grace: float, env: Mapping[str, str]) -> str | None:
     """scancel a Slurm run's job while Slurm holds it: its batch step stops the supervisor, which
     stops the trainer gracefully. None when the job is over (then stop as any run)."""
     from ftlaunch.run.slurm import sbatch as slurm
 
-    job_state = slurm.job_state(job, os.environ)
+    job_state = slurm.job_state(job, env)
     if job_state not in slurm.ACTIVE_STATES:
         return None
     # Before the scancel: the batch step reads it to tell this stop from Slurm's own SIGTERM
     # (a requeue or a preemption), which must never read as a user's stop.
     append_event(run_dir, "stop_requested", job_id=job, slurm_state=job_state)
-    slurm.cancel(job, os.environ)
+    slurm.cancel(job, env)
     append_event(run_dir, "scancel", job_id=job, slurm_state=job_state)
     if job_state in slurm.QUEUED_STATES:
         update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="cancelled while queued")
@@ -51,7 +59,7 @@ def _stop_slurm_job(run_dir: Path, job: str, grace: float) -> str | None:
     # stopped supervisor inside a still-active job reads as a job about to be requeued.
     deadline = time.monotonic() + grace + 30
     while time.monotonic() < deadline:
-        if _status_now(run_dir).is_terminal() and slurm.job_state(job, os.environ) not in slurm.ACTIVE_STATES:
+        if _status_now(run_dir).is_terminal() and slurm.job_state(job, env) not in slurm.ACTIVE_STATES:
             return f"run {run_dir.name} stopped (Slurm job {job} cancelled)"
         time.sleep(0.2)
     if _status_now(run_dir).is_terminal():
@@ -59,14 +67,14 @@ def _stop_slurm_job(run_dir: Path, job: str, grace: float) -> str | None:
     return f"run {run_dir.name}: Slurm job {job} cancelled; its supervisor has not recorded the stop yet"
 
 
-def stop_run(run_dir: Path, grace: float = 30.0, env: Mapping[str, str] | None = None) -> str:
+def stop_run(run_dir: Path, env: Mapping[str, str], grace: float = 30.0) -> str:
     """SIGTERM the supervisor (it stops the trainer's group once and records it); clean up if it is gone.
 
     Liveness decides, and a live supervisor is always the one told: a trainer signalled behind its
     supervisor's back would count as a crash and be restarted."""
-    state = _wait_while_starting(run_dir, read_state(run_dir), os.environ if env is None else env)
+    state = _wait_while_starting(run_dir, read_state(run_dir), env)
     if state.slurm_job_id:
-        said = _stop_slurm_job(run_dir, state.slurm_job_id, grace)
+        said = _stop_slurm_job(run_dir, state.slurm_job_id, grace, env)
         if said:
             return said
     status = state.status
@@ -159,6 +167,7 @@ def resume_run(
     overrides: tuple[str, ...] = (),
     allow_global_batch_change: bool = False,
     allow_env_change: bool = False,
+    cwd: str | Path | None = None,
 ) -> Resumed:
     """Re-attach if alive; restart from the last complete checkpoint if the run died.
 
@@ -167,6 +176,8 @@ def resume_run(
     ``allow_env_change``.
 
     ``overrides`` (key=value) edit the run's adapted config first; refused while the run is alive.
+    ``cwd``: the caller's working directory (read at the edge), the PWD of a Slurm job submitted again;
+    without it the job gets ``env``'s PWD.
     The restart happens under the output_dir lock, taken before any state changes and handed to
     the new supervisor: of two concurrent resumes one restarts the run, the other exits 7 (or
     re-attaches) and touches nothing."""
@@ -181,7 +192,7 @@ def resume_run(
     if state.slurm_job_id and env.get("SLURM_JOB_ID") != state.slurm_job_id:
         # A Slurm run trains only inside its own job (the batch step resumes it there): from
         # anywhere else, resume means sbatch again.
-        return _resume_in_slurm(run_dir, state, env, overrides, allow_global_batch_change, allow_env_change)
+        return _resume_in_slurm(run_dir, state, env, overrides, allow_global_batch_change, allow_env_change, cwd)
     verdict = _resume_verdict(run_dir, state, overrides)
     if verdict is not None:
         return verdict
@@ -237,6 +248,7 @@ def _resume_in_slurm(
     overrides: tuple[str, ...],
     allow_global_batch_change: bool,
     allow_env_change: bool = False,
+    cwd: str | Path | None = None,
 ) -> Resumed:
     """`resume` of a Slurm run from a login node: nothing while Slurm holds its job (it resumes when it
     runs); else the same job.sbatch is submitted again (same run directory; the job resumes from the
@@ -270,7 +282,7 @@ def _resume_in_slurm(
     if overrides:
         edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
     last = prog.last_complete_checkpoint(Path(state.output_dir or ""))
-    new_job = slurm.submit(run_dir / "job.sbatch", {**env, "PWD": os.getcwd()})
+    new_job = slurm.submit(RunFolder(run_dir).job_script, {**env, **({} if cwd is None else {"PWD": str(cwd)})})
     frm = last[1].name if last else "the start"
     update_state(
         run_dir,
@@ -366,15 +378,13 @@ def global_batch_change(
 def preview_run_edit(run_dir: Path, overrides: tuple[str, ...]) -> list[tuple[str, Any, Any, str]]:
     """What `resume RUN key=value` would change: (key, before, after, note) rows, the global batch
     included when it moves. Validates like any config (ConfigError, exit 3)."""
-    import yaml
-
     from ftlaunch.plan.config import is_secret_key, parse_overrides, validate_keys, validate_values
 
     values, problems = parse_overrides(overrides)
     problems += validate_keys(values) + validate_values(values)
     if problems:
         raise ConfigError(problems)
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    config = read_config(run_dir)[0]
     rows = [
         (k, "***" if is_secret_key(k) else config.get(k), "***" if is_secret_key(k) else v, "")
         for k, v in values.items()
@@ -392,11 +402,7 @@ def edit_run_config(
     """Apply key=value overrides to a run's adapted config (validated; written atomically).
 
     A change of the global batch is refused (exit 3) unless allowed: it changes what is trained."""
-    import yaml
-
-    from ftlaunch.files import write_text_atomic
-    from ftlaunch.plan.config import parse_overrides, read_header
-    from ftlaunch.run.store import read_secrets
+    from ftlaunch.plan.config import parse_overrides
 
     rows = preview_run_edit(run_dir, overrides)
     moved = [r for r in rows if r[0] == "global batch"]
@@ -410,11 +416,10 @@ def edit_run_config(
     values = parse_overrides(overrides)[0]
     public, secrets = split_secrets(values)
     write_secrets(run_dir, {**read_secrets(run_dir), **secrets})
-    text = (run_dir / "config.yaml").read_text()
-    config = yaml.safe_load(text) or {}
+    config, header = read_config(run_dir)
     before = {k: config.get(k) for k in public}
     config.update(public)
-    write_text_atomic(run_dir / "config.yaml", dump_yaml(config, read_header(text)))
+    write_config(run_dir, config, header)
     append_event(run_dir, "config_edited", before=before, after=public, secrets=sorted(secrets))
     fields: dict[str, Any] = {}
     if "per_device_train_batch_size" in values:
@@ -430,15 +435,10 @@ def edit_run_config(
 
 def rebuild_state(run_dir: Path) -> RunState:
     """state.json lost or corrupt: rebuild enough of it from config.yaml to resume."""
-    import yaml
-
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.exists():
+    if not RunFolder(run_dir).config.exists():
         raise StateError(f"run {run_dir.name}: neither state.json nor config.yaml is readable")
-    values = yaml.safe_load(cfg_path.read_text()) or {}
-    bad = run_dir / "state.json"
-    if bad.exists():
-        bad.rename(run_dir / f"state.json.corrupt-{int(time.time())}")
+    values = read_config(run_dir)[0]
+    set_aside_state(run_dir)
     output_dir = values.get("output_dir")
     state = RunState(
         id=run_dir.name,

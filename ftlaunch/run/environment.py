@@ -28,9 +28,8 @@ from ftlaunch.files import now_iso, write_json_atomic
 from ftlaunch.plan.environment import EnvDiff, Environment, canonical, compare, diff_table
 from ftlaunch.probe.hardware import load_pynvml
 from ftlaunch.run.state import RunState
-from ftlaunch.run.store import append_event, read_state, update_state
+from ftlaunch.run.store import RunFolder, append_event, read_state, update_state
 
-FOLDER = "environment"
 _ATTEMPT = re.compile(r"attempt-(\d+)\.json$")
 ALLOW_HINT = "pass --allow-env-change to resume anyway"
 
@@ -229,13 +228,13 @@ def trainer_environment(env: Mapping[str, str], *, gpus: bool = True, attempt: i
 
 
 def attempt_path(run_dir: Path, attempt: int) -> Path:
-    return run_dir / FOLDER / f"attempt-{attempt}.json"
+    return RunFolder(run_dir).environment_of(attempt)
 
 
 def recorded(run_dir: Path, before: int | None = None) -> Environment | None:
     """The last attempt's recorded environment (before attempt ``before``), None when none was kept."""
     try:
-        names = os.listdir(run_dir / FOLDER)
+        names = os.listdir(RunFolder(run_dir).environment)
     except OSError:
         return None
     attempts = sorted(int(m.group(1)) for n in names if (m := _ATTEMPT.match(n)))

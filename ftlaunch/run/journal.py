@@ -16,7 +16,7 @@ from ftlaunch.run.checkpoints import SetAside
 from ftlaunch.run.progress import Progress
 from ftlaunch.run.recovery import Decision, Exit
 from ftlaunch.run.state import Budget, FailureKind, RunState, RunStatus
-from ftlaunch.run.store import append_event, update_state
+from ftlaunch.run.store import RunFolder, append_event, update_state
 
 
 def _batch(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -69,7 +69,7 @@ class RunJournal:
         """A line of ftlaunch's own in train.log (`ftlaunch logs` shows it), echoed when in the foreground."""
         if self.echo:
             print(text, flush=True)
-        with open(self.run_dir / "train.log", "a") as f:
+        with open(RunFolder(self.run_dir).train_log, "a") as f:
             f.write(text + "\n")
 
     @_best_effort
@@ -108,7 +108,7 @@ class RunJournal:
 
     @_best_effort
     def attempt_header(self, attempt: int) -> None:
-        with open(self.run_dir / "train.log", "a") as f:
+        with open(RunFolder(self.run_dir).train_log, "a") as f:
             f.write(f"\n===== ftlaunch attempt {attempt} =====\n")
 
     @_best_effort

@@ -22,10 +22,7 @@ import psutil
 from ftlaunch.errors import BusyError, StateError
 from ftlaunch.run.procs import Liveness, end_group, group_members, liveness
 from ftlaunch.run.state import RunState
-from ftlaunch.run.store import list_runs, read_state
-
-# The files a supervisor hands its trainer (run/supervisor.py _trainer_config).
-_TRAINER_CONFIGS = ("config.yaml", ".trainer-config.yaml")
+from ftlaunch.run.store import RunFolder, list_runs, read_state
 
 
 @dataclass(frozen=True)
@@ -91,7 +88,7 @@ def trainers_by_command(run_dirs: Iterable[Path], me: int | None = None) -> dict
     """Processes whose command line ends ``train RUN_DIR/config.yaml`` (what a supervisor starts),
     by run id: a trainer whose pid never reached state.json. ftlaunch's own `train` of such a file
     and this process are left out."""
-    wanted = {str(d / name): d.name for d in run_dirs for name in _TRAINER_CONFIGS}
+    wanted = {str(path): d.name for d in run_dirs for path in RunFolder(d).trainer_configs()}
     if not wanted:
         return {}
     me = os.getpid() if me is None else me

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.run.progress import parse_trainer_log
+from ftlaunch.run.store import RunFolder
 
-RECORDS = "trainer_records.jsonl"
 MARK = "ftlaunch_attempt"
 
 
@@ -41,7 +41,7 @@ def keep(run_dir: Path, raw: bytes) -> None:
     if not raw:
         return
     try:
-        with open(run_dir / RECORDS, "ab") as f:
+        with open(RunFolder(run_dir).records, "ab") as f:
             f.write(raw)
     except OSError:
         pass
@@ -83,6 +83,6 @@ def attempts_of(text: str | bytes) -> list[AttemptRecords]:
 def read_attempts(run_dir: Path) -> list[AttemptRecords] | None:
     """This run's attempts and records; None when it kept none (a run from before this file)."""
     try:
-        return attempts_of((run_dir / RECORDS).read_bytes())
+        return attempts_of(RunFolder(run_dir).records.read_bytes())
     except OSError:
         return None

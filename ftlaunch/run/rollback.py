@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ftlaunch.plan.memory.prediction import MemoryPrediction
 from ftlaunch.run.health import (
     Checkpoint,
     Decision,
@@ -45,7 +46,7 @@ from ftlaunch.run.health import (
     thresholds_from,
 )
 from ftlaunch.run.progress import checkpoint_dirs, checkpoint_problems
-from ftlaunch.run.store import append_event, read_events, read_state, update_state
+from ftlaunch.run.store import append_event, read_events, read_plan, read_state, update_state
 
 # llamafactory refuses to start from scratch in an output_dir holding one of these (CHECKPOINT_NAMES).
 FINAL_WEIGHTS = (
@@ -329,7 +330,7 @@ class HealthWatch:
         self.feed([])  # console grad_norms that arrived after the last record
         if not self.verdict.diverged or self.policy is OnDiverge.IGNORE:
             return None
-        plan = read_json(self.run_dir / "plan.json")
+        plan = read_plan(self.run_dir)
         tried = self.tried()
         complete = [(s, p) for s, p in checkpoint_dirs(out) if not checkpoint_problems(p, weights_only)]
         python = python_of(self._trainer())
@@ -349,7 +350,7 @@ class HealthWatch:
             values,
             cks,
             rollbacks_used=len(tried),
-            fp32_fits=fp32_fits(plan.get("memory")),
+            fp32_fits=fp32_fits(MemoryPrediction.from_dict(plan.get("memory"))),
             tried=tried,
         )
         stamp = now_stamp()
@@ -388,11 +389,3 @@ class HealthWatch:
         )
         self.say(f"ftlaunch: {d.message}")
         return d
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

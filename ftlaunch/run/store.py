@@ -1,13 +1,22 @@
-"""The run store: one directory per run under FTLAUNCH_HOME, versioned JSON state, an event log.
+"""The run store, and the one owner of a run folder's files: their names (``RunFolder``), how each is
+read and written (atomically, through ftlaunch.files), the state lock and the state's version.
 
 Layout of ``$FTLAUNCH_HOME/runs/<id>/``:
-  source.yaml      the config as given (overrides listed in state.json)
-  config.yaml      the adapted config of the current attempt
-  plan.txt/.json   the plan, for people and for machines
-  hardware.json    what the plan was made for
-  train.log        trainer stdout+stderr, all attempts appended
-  state.json       versioned, replaced atomically (temp file in the same folder, then rename)
-  events.jsonl     append-only: started, progress, checkpoint, exited, stopped, resumed, ...
+  source.yaml          the config as given (overrides listed in state.json), secrets redacted
+  config.yaml          the adapted config of the current attempt
+  .trainer-config.yaml a 0600 copy of config.yaml with the secrets that have no variable, per attempt
+  secrets.json         secret config values, 0600
+  plan.txt/.json       the plan, for people and for machines
+  hardware.json        what the plan was made for
+  train.log            trainer stdout+stderr, all attempts appended
+  state.json           versioned, replaced atomically (temp file in the same folder, then rename)
+  .state.lock          the flock of one read-modify-write of state.json
+  events.jsonl         append-only: started, progress, checkpoint, exited, stopped, resumed, ...
+  trainer_records.jsonl the trainer's own records, as it logs them (ftlaunch.run.records)
+  environment/         attempt-N.json: the trainer's environment per attempt (ftlaunch.run.environment)
+  stacks/              attempt-N-<UTC>.txt: stacks of a stalled trainer
+  supervisor.log       the detached supervisor's own stderr
+  job.sbatch, srun-trainer.sh   a Slurm run's batch script and trainer wrapper
 """
 
 from __future__ import annotations
@@ -15,19 +24,201 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ftlaunch.errors import FtlaunchError, RunNotFoundError, StateError, StateVersionError
-from ftlaunch.files import home_folder, now_iso, write_json_atomic
+from ftlaunch.files import home_folder, now_iso, to_json, write_json_atomic, write_text_atomic
 from ftlaunch.locks import held
+from ftlaunch.plan.config import dump_yaml, read_header
 from ftlaunch.run.state import RunState
+
+SECRETS_FILE = "secrets.json"
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run's folder and the path of each of its files; every module names them through it."""
+
+    path: Path
+
+    @property
+    def source(self) -> Path:
+        return self.path / "source.yaml"
+
+    @property
+    def config(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def trainer_config(self) -> Path:
+        """The 0600 per-attempt copy of config.yaml that holds secrets with no variable."""
+        return self.path / ".trainer-config.yaml"
+
+    @property
+    def secrets(self) -> Path:
+        return self.path / SECRETS_FILE
+
+    @property
+    def plan_text(self) -> Path:
+        return self.path / "plan.txt"
+
+    @property
+    def plan(self) -> Path:
+        return self.path / "plan.json"
+
+    @property
+    def hardware(self) -> Path:
+        return self.path / "hardware.json"
+
+    @property
+    def train_log(self) -> Path:
+        return self.path / "train.log"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.path / "supervisor.log"
+
+    @property
+    def state(self) -> Path:
+        return self.path / "state.json"
+
+    @property
+    def state_lock(self) -> Path:
+        return self.path / ".state.lock"
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def records(self) -> Path:
+        return self.path / "trainer_records.jsonl"
+
+    @property
+    def environment(self) -> Path:
+        return self.path / "environment"
+
+    def environment_of(self, attempt: int) -> Path:
+        return self.environment / f"attempt-{attempt}.json"
+
+    @property
+    def stacks(self) -> Path:
+        return self.path / "stacks"
+
+    def stacks_of(self, attempt: int, stamp: str) -> Path:
+        return self.stacks / f"attempt-{attempt}-{stamp}.txt"
+
+    @property
+    def job_script(self) -> Path:
+        return self.path / "job.sbatch"
+
+    @property
+    def srun_trainer(self) -> Path:
+        return self.path / "srun-trainer.sh"
+
+    @property
+    def progress_png(self) -> Path:
+        return self.path / "progress.png"
+
+    def trainer_configs(self) -> tuple[Path, Path]:
+        """The files a supervisor hands its trainer: what a trainer's command line ends with."""
+        return self.config, self.trainer_config
+
+
+# ---------------------------------------------------------------- a new run's folder
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """Everything a new run's folder holds when it becomes visible, as text or JSON values."""
+
+    source: str  # the config as given, secrets redacted
+    config: str  # config.yaml (dump_yaml of the plan's config and header)
+    plan_text: str
+    plan: Mapping[str, Any]  # plan.json, strict JSON (files.to_json)
+    hardware: Mapping[str, Any]
+    state: RunState
+    secrets: Mapping[str, Any] = field(default_factory=dict)
+    files: Mapping[str, Any] = field(default_factory=dict)  # the plan's own files: name -> JSON value
+
+
+def create_folder(root: Path, run_id: str, new: NewRun) -> Path:
+    """Write a run folder completely under a hidden name, then make it visible with one rename (no
+    half runs): ``root/<run_id>``."""
+    tmp = RunFolder(root / f".{run_id}.tmp")
+    tmp.path.mkdir()
+    try:
+        for name, content in new.files.items():
+            (tmp.path / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
+        tmp.source.write_bytes(new.source.encode())
+        write_secrets(tmp.path, new.secrets)
+        tmp.config.write_text(new.config)
+        tmp.plan_text.write_text(new.plan_text)
+        tmp.plan.write_text(to_json(new.plan))
+        tmp.hardware.write_text(to_json(new.hardware))
+        tmp.train_log.touch()
+        write_state(tmp.path, new.state)
+        tmp.events.write_text("")
+        os.replace(tmp.path, root / run_id)
+    except BaseException:
+        shutil.rmtree(tmp.path, ignore_errors=True)
+        raise
+    return root / run_id
+
+
+# ---------------------------------------------------------------- config, plan, secrets
+
+
+def read_config(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """config.yaml: its values and its header (the plan's notes on top). OSError when it is missing."""
+    text = RunFolder(run_dir).config.read_text()
+    return yaml.safe_load(text) or {}, read_header(text)
+
+
+def write_config(run_dir: Path, values: Mapping[str, Any], header: Mapping[str, Any] | None) -> None:
+    """Replace config.yaml (atomically): the trainer of the next attempt reads it."""
+    write_text_atomic(RunFolder(run_dir).config, dump_yaml(values, header))
+
+
+def write_trainer_config(run_dir: Path, values: Mapping[str, Any], header: Mapping[str, Any] | None) -> Path:
+    """The 0600 per-attempt copy of the config (secrets with no variable included), made afresh:
+    readable by this user only from its creation. Removed with ``drop_trainer_config``."""
+    path = RunFolder(run_dir).trainer_config
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(dump_yaml(values, header))
+    return path
+
+
+def drop_trainer_config(path: Path) -> None:
+    """Remove the per-attempt copy; config.yaml itself is never removed."""
+    if path.name == RunFolder(path.parent).trainer_config.name:
+        path.unlink(missing_ok=True)
+
+
+def read_plan(run_dir: Path) -> dict[str, Any]:
+    """plan.json as written at creation; {} when it is missing or unreadable."""
+    return _json_object(RunFolder(run_dir).plan)
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object a file holds; {} when it is missing, unreadable or holds no object."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def runs_root(env: Mapping[str, str]) -> Path:
@@ -44,7 +235,7 @@ def append_event(run_dir: Path, event: str, **fields: Any) -> dict[str, Any]:
     rec = {"t": now_iso(), "event": event, **fields}
     # One write() of one line: concurrent appenders (supervisor, stop, resume) never interleave.
     line = (json.dumps(rec, default=str, ensure_ascii=False) + "\n").encode()
-    fd = os.open(run_dir / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(RunFolder(run_dir).events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
     finally:
@@ -84,7 +275,7 @@ def json_lines(data: bytes, keep: Callable[[Any], bool]) -> tuple[list[dict[str,
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "events.jsonl"
+    path = RunFolder(run_dir).events
     try:
         data = path.read_bytes()
     except OSError:
@@ -95,7 +286,7 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_state(run_dir: Path) -> RunState:
-    path = run_dir / "state.json"
+    path = RunFolder(run_dir).state
     hint = f"the run can still be resumed from its output_dir: ftlaunch resume {run_dir.name}"
     try:
         data = json.loads(path.read_bytes())
@@ -115,12 +306,19 @@ def read_state(run_dir: Path) -> RunState:
 
 def write_state(run_dir: Path, state: RunState) -> None:
     """Replace state.json with ``state`` (atomically; a run being created writes its first one)."""
-    write_json_atomic(run_dir / "state.json", state.to_json())
+    write_json_atomic(RunFolder(run_dir).state, state.to_json())
+
+
+def set_aside_state(run_dir: Path, t: float | None = None) -> None:
+    """Keep a corrupt state.json beside the run as ``state.json.corrupt-<epoch>`` (never deleted)."""
+    bad = RunFolder(run_dir).state
+    if bad.exists():
+        bad.rename(bad.with_name(f"{bad.name}.corrupt-{int(time.time() if t is None else t)}"))
 
 
 def state_lock(run_dir: Path) -> AbstractContextManager[None]:
     """Serialise read-modify-write of one run's state across processes (supervisor, stop, resume)."""
-    return held(run_dir / ".state.lock")
+    return held(RunFolder(run_dir).state_lock)
 
 
 def update_state(run_dir: Path, **changes: Any) -> RunState:
@@ -132,7 +330,7 @@ def update_state(run_dir: Path, **changes: Any) -> RunState:
         try:
             state = read_state(run_dir)
         except StateError:
-            if (run_dir / "state.json").exists():
+            if RunFolder(run_dir).state.exists():
                 raise
             state = RunState(id=run_dir.name)
         state = state.changed(**changes, updated=now_iso())
@@ -151,7 +349,7 @@ def _creation_order(run_dir: Path) -> tuple[str, int, str]:
     """Oldest first. Ids carry the second and a random suffix, so runs made within one second are
     ordered by their source.yaml, written once when the run is created (the latest run is the last)."""
     try:
-        made = (run_dir / "source.yaml").stat().st_mtime_ns
+        made = RunFolder(run_dir).source.stat().st_mtime_ns
     except OSError:
         made = 0
     return run_dir.name[: len("YYYYmmdd-HHMMSS")], made, run_dir.name
@@ -215,27 +413,13 @@ def run_name(run_dir: Path) -> str | None:
     return None
 
 
-SECRETS_FILE = "secrets.json"
-
-
 def write_secrets(run_dir: Path, secrets: Mapping[str, Any]) -> None:
-    """Secret config values, readable by this user only (0600 from creation, never wider)."""
+    """Secret config values, readable by this user only: the atomic write's temp file is made 0600
+    (mkstemp) and renamed, so the file is never wider."""
     if not secrets:
         return
-    path = run_dir / SECRETS_FILE
-    fd, tmp = tempfile.mkstemp(prefix=f".{SECRETS_FILE}.", dir=run_dir)  # mkstemp creates it 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(dict(secrets), f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(RunFolder(run_dir).secrets, json.dumps(dict(secrets)))
 
 
 def read_secrets(run_dir: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((run_dir / SECRETS_FILE).read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return _json_object(RunFolder(run_dir).secrets)

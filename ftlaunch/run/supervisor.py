@@ -17,15 +17,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-import yaml
-
-from ftlaunch.errors import ExitCode, FtlaunchError, StateError
-from ftlaunch.files import write_text_atomic
-from ftlaunch.plan.config import dump_yaml, read_header
+from ftlaunch.errors import FtlaunchError, StateError
 from ftlaunch.plan.disk import DiskForecast, enough_for_save
 from ftlaunch.plan.memory.store import remember, remember_observed
 from ftlaunch.plan.offload import materialize, refusal
@@ -46,11 +42,18 @@ from ftlaunch.run.rollback import HealthWatch
 from ftlaunch.run.stacks import StackDump, dump_stacks, find_py_spy
 from ftlaunch.run.stall import EVAL_MARK, SAVE_MARK, StallPolicy, Watchdog
 from ftlaunch.run.state import Budget, FailureKind, RunState, RunStatus
-from ftlaunch.run.store import read_secrets, read_state
+from ftlaunch.run.store import (
+    RunFolder,
+    drop_trainer_config,
+    read_config,
+    read_secrets,
+    read_state,
+    write_config,
+    write_trainer_config,
+)
 from ftlaunch.run.tail import Tail
 from ftlaunch.run.trainer import find_trainer, redact, secret_handoff, trainer_command, trainer_env
 
-STOPPED_EXIT = 130
 # How a recovery decision that is not a retry ends the run.
 _ENDS = {Action.SUCCEED: RunStatus.SUCCEEDED, Action.STOP: RunStatus.STOPPED, Action.FAIL: RunStatus.FAILED}
 
@@ -59,7 +62,8 @@ class Supervisor:
     """One run's loop: start an attempt, watch it, classify its end, decide (retry, roll back, finish).
 
     What it records goes through its journal (events, state, train.log lines); what it reads of the
-    trainer comes from tails of its logs and a checkpoint watch. Seams: ``clock``, ``spawn``,
+    trainer comes from tails of its logs and a checkpoint watch. Seams: ``clock`` (monotonic), ``wall``
+    (epoch seconds), ``sleep``, ``spawn``,
     ``read_kernel_log``, ``gpu_sampler``."""
 
     def __init__(
@@ -71,6 +75,8 @@ class Supervisor:
         poll: float = 0.5,
         stop_grace: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
         spawn: Callable[..., subprocess.Popen] = subprocess.Popen,
         lock: IO[str] | None = None,
         read_kernel_log: Callable[[], str] | None = None,
@@ -89,6 +95,8 @@ class Supervisor:
         self.poll = poll
         self.stop_grace = stop_grace
         self.clock = clock
+        self.wall = wall
+        self.sleep = sleep
         self.spawn = spawn
         self.stop_signal: int | None = None
         self.trainer: subprocess.Popen | None = None
@@ -127,13 +135,6 @@ class Supervisor:
             previous[sig] = signal.signal(sig, self._on_signal)
         return previous
 
-    def _config(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        text = (self.run_dir / "config.yaml").read_text()
-        return yaml.safe_load(text) or {}, read_header(text)
-
-    def _write_config(self, values: dict[str, Any], header: dict[str, Any]) -> None:
-        write_text_atomic(self.run_dir / "config.yaml", dump_yaml(values, header))
-
     def run(self) -> int:
         previous = self._install_signals()  # from the start: a stop that comes early is not lost
         try:
@@ -147,7 +148,7 @@ class Supervisor:
             if self.lock is not None:
                 self.lock.close()
             return 0
-        values, header = self._config()
+        values, header = read_config(self.run_dir)
         output_dir = str(values.get("output_dir", ""))
         try:
             lock = self.lock if self.lock is not None else acquire_output_lock(self.env, output_dir, self.run_dir.name)
@@ -212,8 +213,8 @@ class Supervisor:
             # Numeric health first: a diverged trainer was halted by us, whatever its exit code says.
             health = None if self.stop_signal is not None else self.watch.after(out, values, weights_only)
             if health is not None and health.action is Response.ROLLBACK:
-                values.update(health.edits)
-                self._write_config(values, header)
+                self._apply(values, health.edits.items(), extra_env, state.gpu_count or 1)
+                write_config(self.run_dir, values, header)
                 continue
             if health is not None:
                 ex = Exit(FailureKind.DIVERGED, health.message)
@@ -239,15 +240,24 @@ class Supervisor:
             )
             budget = d.budget
             if d.action is Action.RETRY:
-                for change in d.changes:
-                    # launched as the plan's processes per node (never one: the plan's world stays)
-                    values[change.key], launch_env = materialize(change.new, world_size=state.gpu_count or 1)
-                    extra_env.update(launch_env)
-                self._write_config(values, header)
+                self._apply(values, ((c.key, c.new) for c in d.changes), extra_env, state.gpu_count or 1)
+                write_config(self.run_dir, values, header)
                 self.journal.retry(attempt, d, ex, values, extra_env)
                 continue
             ends = d.ends or _ENDS[d.action]
             return self._finish(ends, ex, rc, d.message, values, budget, no_progress=d.no_progress)
+
+    @staticmethod
+    def _apply(
+        values: dict[str, Any], edits: Iterable[tuple[str, Any]], extra_env: dict[str, str], world_size: int
+    ) -> None:
+        """The one way a decision's edits reach the next attempt's config, numeric health's rollback
+        (learning rate, ...) and recovery's retry (micro-batch, ZeRO-3 offload, ...) alike: the offload
+        placeholder becomes the bundled config, launched as the plan's processes per node (never one:
+        the plan's world stays)."""
+        for key, new in edits:
+            values[key], launch_env = materialize(new, world_size=world_size)
+            extra_env.update(launch_env)
 
     def _finish(
         self,
@@ -259,12 +269,7 @@ class Supervisor:
         budget: Budget,
         no_progress: int | None = None,
     ) -> int:
-        if status is RunStatus.STOPPED:
-            code = STOPPED_EXIT
-        elif status is RunStatus.FAILED:
-            code = rc if rc > 0 else int(ExitCode.FAILED)
-        else:  # succeeded, diverged, stalled, no_progress, disk_full: each its own code
-            code = status.exit_code()
+        code = status.exit_code(trainer_rc=rc)  # the one table (ftlaunch.run.state), as the supervisor exits
         state = self.journal.finished(status, code, ex, message, budget, no_progress)
         if state is None:  # the run folder refuses writes: the end is said on stderr (supervisor.log)
             print(f"ftlaunch supervisor: run {self.run_dir.name} {status.value}: {message}", file=sys.stderr)
@@ -293,7 +298,7 @@ class Supervisor:
         """Before the next attempt: the old trainer's processes gone from NVML, the memory back near
         the start figure (bounded); how long it took is said in train.log and the events."""
         gone, used = self.gpu_probes(set(self._trainer_pids), visible)
-        w = self.gpu_wait(gone, used, self.gpu_baseline_mib)
+        w = self.gpu_wait(gone, used, self.gpu_baseline_mib, clock=self.clock, sleep=self.sleep)
         if not w.skipped:
             self.journal.gpu_waited(w.message, round(w.waited_s, 2), w.released)
 
@@ -329,7 +334,7 @@ class Supervisor:
     ) -> tuple[int, str, CheckpointWatch, int | None, str | None, str | None]:
         """Run one attempt to its end: (exit code, its train.log text, its checkpoints, last step, and
         why it was stopped: as stalled, or before a save the disk cannot hold)."""
-        log_path = self.run_dir / "train.log"
+        log_path = RunFolder(self.run_dir).train_log
         self.journal.attempt_header(attempt)
         console = Tail.from_end(log_path)
         tlog = Tail.from_end(out / "trainer_log.jsonl")
@@ -339,7 +344,7 @@ class Supervisor:
         try:
             self.trainer = trainer = self._start_trainer(extra_env, config_path, state.base_dir)
         except (FtlaunchError, OSError) as exc:
-            self._drop_trainer_config(config_path)
+            drop_trainer_config(config_path)
             self.journal.say(f"ftlaunch: cannot start the trainer: {exc}")
             return 127, f"FileNotFoundError: cannot start the trainer: {exc}", checkpoints, None, None, None
         self.journal.trainer_started(trainer.pid, start_time(trainer.pid))
@@ -381,7 +386,7 @@ class Supervisor:
                 records.extend(new)
                 if self.watch is not None:
                     self.watch.feed(new)  # a divergence sets watch.halt: the trainer is stopped above
-                now = time.time()
+                now = self.wall()
                 last_step = int(new[-1]["current_steps"])
                 dog = dog.steps(last_step, self.clock())
                 steps_per_second = rate.update(int(new[0]["current_steps"]), last_step, now)
@@ -398,7 +403,7 @@ class Supervisor:
             if rc is not None:
                 break
             if self.clock() >= next_watchdog:
-                self.journal.watchdog(dog.to_dict(self.clock(), time.time()))
+                self.journal.watchdog(dog.to_dict(self.clock(), self.wall()))
                 next_watchdog = self.clock() + 5.0
             if stalled is None and not halt and dog.stalled(self.clock()):
                 stalled = self._on_stall(attempt, trainer.pid, dog)
@@ -407,14 +412,14 @@ class Supervisor:
                 disk_full = self._before_save(out, forecast, last_step or 0, rate.rate)
                 if disk_full is not None:
                     continue
-            time.sleep(self.poll)
+            self.sleep(self.poll)
         if records:  # the last lines may have arrived while updates were throttled
             self.journal.last_progress(prog.latest_progress(records))
         pump.join(timeout=10)
         signal_group(trainer.pid, signal.SIGKILL)  # leave no stray workers of the trainer's group
         self._watch_checkpoints(checkpoints, dog)  # a save that completed just before the exit
-        self.journal.watchdog(dog.to_dict(self.clock(), time.time()))
-        self._drop_trainer_config(config_path)
+        self.journal.watchdog(dog.to_dict(self.clock(), self.wall()))
+        drop_trainer_config(config_path)
         self.trainer = None
         return rc, console.rest(), checkpoints, last_step, stalled, disk_full
 
@@ -504,10 +509,10 @@ class Supervisor:
     def _on_stall(self, attempt: int, pid: int, dog: Watchdog) -> str:
         """No progress within the allowance: dump every trainer process's stacks, then stop the group."""
         description = dog.describe(self.clock())
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        dump = self.stack_dumper(pid, self.run_dir / "stacks" / f"attempt-{attempt}-{stamp}.txt")
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall()))
+        dump = self.stack_dumper(pid, RunFolder(self.run_dir).stacks_of(attempt, stamp))
         self.journal.say(f"ftlaunch: stalled: {description}; stacks: {dump.describe()}; stopping the trainer")
-        self.journal.stalled(attempt, description, str(dump.path), dog.to_dict(self.clock(), time.time()))
+        self.journal.stalled(attempt, description, str(dump.path), dog.to_dict(self.clock(), self.wall()))
         return f"{description}; stacks in {dump.path}"
 
     def _dump_stacks(self, pid: int, path: Path) -> StackDump:
@@ -527,18 +532,9 @@ class Supervisor:
         The others go through the trainer's environment (secret_handoff): never into a pickle."""
         kept = secret_handoff(self._secrets())[1]
         if not kept:
-            return self.run_dir / "config.yaml"
-        values, header = self._config()
-        path = self.run_dir / ".trainer-config.yaml"
-        path.unlink(missing_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(dump_yaml({**values, **kept}, header))
-        return path
-
-    def _drop_trainer_config(self, path: Path) -> None:
-        if path.name == ".trainer-config.yaml":
-            path.unlink(missing_ok=True)
+            return RunFolder(self.run_dir).config
+        values, header = read_config(self.run_dir)
+        return write_trainer_config(self.run_dir, {**values, **kept}, header)
 
     def _pump(self, stream: IO[bytes] | None, log_path: Path) -> None:
         """Copy the trainer's output into train.log (redacted), chunk by chunk: a progress bar's ``\\r``

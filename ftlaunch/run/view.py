@@ -15,7 +15,7 @@ from ftlaunch.probe.usage import gpu_memory_of
 from ftlaunch.run import progress as prog
 from ftlaunch.run.procs import Liveness, liveness
 from ftlaunch.run.state import RunState, RunStatus
-from ftlaunch.run.store import read_events, read_state
+from ftlaunch.run.store import RunFolder, read_events, read_state
 
 
 def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -179,7 +179,8 @@ def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, 
 
 def _last_sign_of_life(run_dir: Path, state: RunState) -> float | None:
     """When a run last wrote anything: its log, events, state, or the trainer's log."""
-    paths = [run_dir / n for n in ("train.log", "events.jsonl", "state.json")]
+    folder = RunFolder(run_dir)
+    paths = [folder.train_log, folder.events, folder.state]
     if state.output_dir:
         paths.append(Path(state.output_dir) / "trainer_log.jsonl")
     times = []

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftlaunch.errors import ConfigError, FtlaunchError, TrainerError
+from ftlaunch.run.store import RunFolder
 
 # Slurm job states (squeue %T / sacct State) and what ftlaunch shows for a job whose supervisor is
 # not (yet, or any more) alive.
@@ -103,7 +104,7 @@ def render_job(
         "#SBATCH --requeue",
         f"#SBATCH --signal=B:USR1@{req.signal_lead_seconds}",
         "#SBATCH --open-mode=append",
-        f"#SBATCH --output={run_dir / 'train.log'}",
+        f"#SBATCH --output={RunFolder(run_dir).train_log}",
     ]
     for opt, value in (("partition", req.partition), ("time", req.time), ("account", req.account)):
         if value:
@@ -119,7 +120,7 @@ def render_job(
         "# MASTER_ADDR: chosen and resolved on this (the first) node by the batch step (slurm/job.py).",
         *([f"export FTLAUNCH_MASTER_ADDR={q(req.master_addr)}"] if req.master_addr else []),
         f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"',
-        f"export FTLAUNCH_LLAMAFACTORY_CLI={q(str(run_dir / 'srun-trainer.sh'))}",
+        f"export FTLAUNCH_LLAMAFACTORY_CLI={q(str(RunFolder(run_dir).srun_trainer))}",
         f"exec {q(python)} -m ftlaunch.run.slurm.job {q(str(run_dir))}",
         "",
     ]
