@@ -85,6 +85,13 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def _on_diverge(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    """--on-diverge parsed here, at the edge: the run's options carry the enum."""
+    from ftlaunch.run.health import OnDiverge
+
+    return None if value is None else OnDiverge(value)
+
+
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The plan options, plus the supervisor's: --name, --max-retries, --max-crash-retries, --no-recover,
     --on-diverge, --stall-timeout, --max-stall-restarts."""
@@ -110,6 +117,7 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Choice(["rollback", "rollback-or-restart", "stop", "ignore"]),
         default="rollback",
         show_default=True,
+        callback=_on_diverge,
         help="When the loss goes non-finite, spikes or goes dead: roll back to the last clean checkpoint with "
         "a lower learning rate (at most 2 times; none left: the run ends diverged), the same but restart from "
         "the base model when none is left, stop, or only record it (docs/health.md).",

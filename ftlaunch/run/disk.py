@@ -34,6 +34,7 @@ from ftlaunch.plan.disk import (
 from ftlaunch.plan.modelspec import ModelSpec
 from ftlaunch.plan.planner import Plan
 from ftlaunch.run import progress as prog
+from ftlaunch.run.state import StartFacts
 
 # What the trainer prints when a write fails for want of space (tests/data/disk/enospc_*.log):
 ENOSPC_PATTERNS = (
@@ -290,22 +291,20 @@ def preflight(p: Plan, params: str | None = None, model_config: str | None = Non
     return Preflight(fc, disk_verdict(fc, free_bytes(out), fs), fs)
 
 
-def disk_check(p: Plan, params: str | None, model_config: str | None, say: Callable[[str], None]) -> dict[str, Any]:
+def disk_check(p: Plan, params: str | None, model_config: str | None, say: Callable[[str], None]) -> StartFacts:
     """``start_run``'s preflight: refuse (DiskFullError, exit 17) when one checkpoint cannot fit on the
-    output_dir's filesystem; say a warning when the run as configured will fill it. Returns the run
-    state fields to record: ``disk`` (the forecast) and ``warnings``."""
+    output_dir's filesystem; say a warning when the run as configured will fill it. Returns what the
+    run's state records: ``disk`` (the forecast) and ``warnings``."""
     pf = preflight(p, params, model_config)
     if pf is None:
-        return {}
+        return StartFacts()
     v = pf.verdict
     if v.kind is DiskVerdictKind.REFUSE:
         raise DiskFullError(f"not starting: {v.message}", hint=DISK_HINT)
-    fields: dict[str, Any] = {"disk": pf.state()}
     if v.kind in (DiskVerdictKind.WARN, DiskVerdictKind.UNKNOWN_LENGTH):
         say(f"warning: {v.message} ({DISK_HINT})")
-    if v.kind is DiskVerdictKind.WARN:
-        fields["warnings"] = [v.message]
-    return fields
+    warnings = (v.message,) if v.kind is DiskVerdictKind.WARN else None
+    return StartFacts(disk=pf.state(), warnings=warnings)
 
 
 # ------------------------------------------------------------------------------------ FTLAUNCH_HOME

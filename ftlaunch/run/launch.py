@@ -6,18 +6,15 @@ plan, check, simulate a tight plan, create, supervise.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from ftlaunch.errors import BusyError, StateError
-from ftlaunch.files import now_iso, to_json
+from ftlaunch.files import now_iso
 from ftlaunch.locks import set_owner
 from ftlaunch.plan.config import (
     LoadedConfig,
@@ -27,11 +24,12 @@ from ftlaunch.plan.config import (
 )
 from ftlaunch.plan.planner import Plan
 from ftlaunch.plan.render import plan_text
+from ftlaunch.run.options import SupervisorSettings
 from ftlaunch.run.outdir import Existing, claim_output_dir, home_problem
 from ftlaunch.run.prepare import PlanRequest
 from ftlaunch.run.procs import spawn_detached
-from ftlaunch.run.state import Budget, RunState, RunStatus
-from ftlaunch.run.store import append_event, read_state, runs_root, write_secrets, write_state
+from ftlaunch.run.state import Budget, RunState, RunStatus, StartFacts
+from ftlaunch.run.store import NewRun, RunFolder, append_event, create_folder, read_state, runs_root
 from ftlaunch.run.trainer import find_trainer, public_env
 
 
@@ -39,16 +37,10 @@ def create_run(
     loaded: LoadedConfig,
     p: Plan,
     env: Mapping[str, str],
+    settings: SupervisorSettings = SupervisorSettings(),
     *,
-    name: str | None = None,
-    recover: bool = True,
-    max_retries: int = 4,
-    max_crash_retries: int = 2,
+    facts: StartFacts = StartFacts(),
     trainer_env: Mapping[str, str] | None = None,
-    extra_state: Mapping[str, Any] | None = None,
-    on_diverge: str = "rollback",
-    stall_timeout: float | None = None,
-    max_stall_restarts: int = 2,
 ) -> Path:
     """Write a run directory completely, then make it visible with one rename (no half runs).
 
@@ -56,7 +48,7 @@ def create_run(
     plan.json, plan.txt, source.yaml and state.json never hold them in clear.
 
     ``p`` is a final plan (``run.prepare.make_plan``): its ``run_id`` names the folder, its ``memory_key``
-    goes into the state."""
+    goes into the state; ``settings`` and ``facts`` are recorded in it too."""
     if p.run_id is None:
         raise ValueError("create_run: the plan names no run (plan it with ftlaunch.run.prepare.make_plan)")
     root = runs_root(env)
@@ -65,76 +57,70 @@ def create_run(
     run_id = p.run_id
     public, secrets = split_secrets(p.config)
     p = Plan(**{**p.__dict__, "config": public})
-    tmp = root / f".{run_id}.tmp"
-    tmp.mkdir()
-    try:
-        # Files the plan made for this run's folder (pre-downloaded hub datasets' dataset_info.json).
-        for name, content in p.files.items():
-            (tmp / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
-        source_secrets = split_secrets(loaded.values)[1]
-        (tmp / "source.yaml").write_bytes(
-            redact_secret_text(loaded.source_path.read_bytes().decode(errors="replace"), source_secrets).encode()
-        )
-        write_secrets(tmp, secrets)
-        (tmp / "config.yaml").write_text(dump_yaml(p.config, p.header))
-        (tmp / "plan.txt").write_text(plan_text(p))
-        plan_dict = p.to_dict()
-        plan_dict["env"] = public_env(p.env)
-        (tmp / "plan.json").write_text(to_json(plan_dict))
-        (tmp / "hardware.json").write_text(to_json(p.hardware.to_dict()))
-        (tmp / "train.log").touch()
-        output_dir = str(p.config.get("output_dir", ""))
-        extra = dict(extra_state or {})
-        state = RunState(
-            id=run_id,
-            name=name or Path(output_dir).name or run_id,
-            status=RunStatus.STARTING,
-            created=now_iso(),
-            attempt=0,
-            source_config=str(loaded.source_path),
-            overrides=tuple(redact_secret_text(o, secrets) for o in loaded.overrides),
-            base_dir=str(loaded.base_dir),
-            output_dir=output_dir,
-            run_dir=str(root / run_id),
-            gpu_model=p.hardware.gpu_model,
-            gpu_count=p.hardware.gpu_count,
-            world_size=p.world_size,
-            global_batch=p.global_batch_target,
-            micro_batch=p.micro_batch,
-            accumulation=p.accumulation,
-            recover=recover,
-            on_diverge=on_diverge,
-            budget=Budget(oom_max=max_retries, crash_max=max_crash_retries, stall_max=max_stall_restarts),
-            stall_timeout=stall_timeout,
-            trainer_env=dict(public_env({**p.env, **(trainer_env or {})})),
-            memory_key=p.memory_key,
-            predicted_peak_gib=(p.memory or {}).get("peak_gib") if p.hardware.gpus else None,
-        )
-        # What `train` found in the output_dir, the schedule that started it: state fields too.
-        state = RunState.from_json({**state.to_json(), **extra})
-        write_state(tmp, state)
-        (tmp / "events.jsonl").write_text("")
-        os.replace(tmp, root / run_id)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    run_dir = root / run_id
+    source_secrets = split_secrets(loaded.values)[1]
+    source = redact_secret_text(loaded.source_path.read_bytes().decode(errors="replace"), source_secrets)
+    plan_dict = p.to_dict()
+    plan_dict["env"] = public_env(p.env)
+    output_dir = str(p.config.get("output_dir", ""))
+    s = settings
+    state = RunState(
+        id=run_id,
+        name=s.name or Path(output_dir).name or run_id,
+        status=RunStatus.STARTING,
+        created=now_iso(),
+        attempt=0,
+        source_config=str(loaded.source_path),
+        overrides=tuple(redact_secret_text(o, secrets) for o in loaded.overrides),
+        base_dir=str(loaded.base_dir),
+        output_dir=output_dir,
+        run_dir=str(root / run_id),
+        gpu_model=p.hardware.gpu_model,
+        gpu_count=p.hardware.gpu_count,
+        world_size=p.world_size,
+        global_batch=p.global_batch_target,
+        micro_batch=p.micro_batch,
+        accumulation=p.accumulation,
+        recover=s.recover,
+        on_diverge=s.on_diverge,
+        budget=Budget(oom_max=s.max_retries, crash_max=s.max_crash_retries, stall_max=s.max_stall_restarts),
+        stall_timeout=s.stall_timeout,
+        trainer_env=dict(public_env({**p.env, **(trainer_env or {})})),
+        memory_key=p.memory_key,
+        predicted_peak_gib=p.memory.peak_gib if p.memory and p.hardware.gpus else None,
+        **facts.known(),  # what `train` found in the output_dir, the disk forecast, the schedule
+    )
+    new = NewRun(
+        source=source,
+        config=dump_yaml(p.config, p.header),
+        plan_text=plan_text(p),
+        plan=plan_dict,
+        hardware=p.hardware.to_dict(),
+        state=state,
+        secrets=secrets,
+        files=p.files,  # the plan's files for the run folder (pre-downloaded hub datasets' dataset_info.json)
+    )
+    run_dir = create_folder(root, run_id, new)
     append_event(run_dir, "created", name=state.name, changes=len(p.changes))
     return run_dir
 
 
 def new_run(
-    loaded: LoadedConfig, p: Plan, env: Mapping[str, str], *, existing: Existing = Existing.REFUSE, **settings: Any
+    loaded: LoadedConfig,
+    p: Plan,
+    env: Mapping[str, str],
+    settings: SupervisorSettings = SupervisorSettings(),
+    *,
+    existing: Existing = Existing.REFUSE,
+    facts: StartFacts = StartFacts(),
 ) -> tuple[Path, IO[str]]:
     """`train`: claim the output_dir, then create the run. The lock returned is held: pass it on to
     `start_detached` or `Supervisor(lock=...)`, so no second run can start in between."""
-    lock, record = claim_output_dir(env, p, existing)
+    lock, found = claim_output_dir(env, p, existing)
     try:
-        extra = {**dict(settings.pop("extra_state", None) or {}), **record}
-        run_dir = create_run(loaded, p, env, extra_state=extra, **settings)
+        run_dir = create_run(loaded, p, env, settings, facts=facts.joined(found))
         set_owner(lock, run_dir.name)  # a new run's id is known only once it exists
-        if record:
-            append_event(run_dir, "output_dir_claimed", **record)
+        if found.known():
+            append_event(run_dir, "output_dir_claimed", **found.known())
     except BaseException:
         lock.close()
         raise
@@ -155,9 +141,8 @@ def start_detached(run_dir: Path, env: Mapping[str, str], wait: float = 60.0, lo
     try:
         find_trainer(env)  # fail now, in the user's shell, rather than in the background
         fd = lock.fileno() if lock is not None else None
-        proc = spawn_detached(
-            supervisor_command(run_dir, fd), env, run_dir / "supervisor.log", cwd=run_dir, pass_fds=(fd,) if fd else ()
-        )
+        log = RunFolder(run_dir).supervisor_log
+        proc = spawn_detached(supervisor_command(run_dir, fd), env, log, cwd=run_dir, pass_fds=(fd,) if fd else ())
     finally:
         if lock is not None:
             lock.close()
@@ -172,7 +157,7 @@ def start_detached(run_dir: Path, env: Mapping[str, str], wait: float = 60.0, lo
         if proc.poll() is not None:
             if proc.returncode == 0:
                 break  # already done (a finished run)
-            tail = (run_dir / "supervisor.log").read_text(errors="replace").strip().splitlines()[-1:]
+            tail = RunFolder(run_dir).supervisor_log.read_text(errors="replace").strip().splitlines()[-1:]
             why = tail[0] if tail else f"exit {proc.returncode}"
             if proc.returncode == int(BusyError.exit_code):
                 raise BusyError(why.removeprefix("ftlaunch supervisor: "))
@@ -218,7 +203,7 @@ def simulate_if_tight(p: Plan, simulate: bool | None, model_config: str | None, 
 
     if not simulation_wanted(p, simulate):
         return p
-    verdict = (p.memory or {}).get("verdict")
+    verdict = p.memory.verdict.value if p.memory else None
     say(f"plan is {verdict}: simulating two optimizer steps on fake tensors first (--no-simulate skips)")
     sim = simulate_plan(p, model_config)
     say(simulation_line(sim))
@@ -228,14 +213,14 @@ def simulate_if_tight(p: Plan, simulate: bool | None, model_config: str | None, 
 def start_run(
     request: PlanRequest,
     env: Mapping[str, str],
-    settings: Mapping[str, Any],
+    settings: SupervisorSettings,
     *,
     existing: Existing = Existing.REFUSE,
     simulate: bool | None = None,
     foreground: bool = False,
     echo: bool = True,
     poll: float | None = None,
-    extra_state: Mapping[str, Any] | None = None,
+    facts: StartFacts = StartFacts(),
     check: Callable[[Plan], None] | None = None,
     on_created: Callable[[Path, Plan], None] | None = None,
     say: Callable[[str], None] = lambda _: None,
@@ -243,7 +228,8 @@ def start_run(
     """`train` and `schedule run`: plan the config for this machine, have LLaMA-Factory's parser check
     it (run/preflight.py), claim its output_dir, create the run, then supervise it (detached or here).
 
-    ``settings``: `RunOptions.supervisor_settings()`; ``check(plan)`` may refuse a plan before anything
+    ``settings``: `RunOptions.supervisor_settings()`; ``facts``: state fields known before the start
+    (the schedule that starts it); ``check(plan)`` may refuse a plan before anything
     is written; ``on_created(run_dir, plan)`` runs once the run exists, before it starts."""
     from ftlaunch.run.disk import disk_check
     from ftlaunch.run.preflight import preflight
@@ -257,10 +243,10 @@ def start_run(
     # LLaMA-Factory's own parser on the adapted config, in the trainer's Python (cached): exit 3 if it refuses.
     require_preflight(preflight(p, env, say=say))
     # Refused (exit 17) when one checkpoint cannot fit; a warning when the run will fill the disk.
-    extra_state = {**dict(extra_state or {}), **disk_check(p, request.params, request.model_config, say)}
+    facts = facts.joined(disk_check(p, request.params, request.model_config, say))
     p = simulate_if_tight(p, simulate, request.model_config, say)
     # Holds the output_dir's lock from here on, handed to the supervisor: exit 7 if it is taken.
-    run_dir, lock = new_run(loaded, p, env, existing=existing, extra_state=extra_state, **settings)
+    run_dir, lock = new_run(loaded, p, env, settings, existing=existing, facts=facts)
     try:
         if on_created is not None:
             on_created(run_dir, p)

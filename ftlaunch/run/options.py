@@ -10,7 +10,22 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ftlaunch.run.health import OnDiverge
 from ftlaunch.run.prepare import PlanRequest, PlanSettings
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    """How the supervisor keeps one run going, built once from RunOptions and passed whole to
+    `create_run` (recorded in the run's state)."""
+
+    name: str | None = None
+    recover: bool = True
+    max_retries: int = 4
+    max_crash_retries: int = 2
+    on_diverge: OnDiverge = OnDiverge.ROLLBACK  # numeric health (ftlaunch.run.health)
+    stall_timeout: float | None = None  # the stall watchdog (ftlaunch.run.stall); None: derived
+    max_stall_restarts: int = 2
 
 
 @dataclass(frozen=True)
@@ -21,7 +36,7 @@ class RunOptions(PlanSettings):
     max_retries: int = 4
     max_crash_retries: int = 2
     no_recover: bool = False
-    on_diverge: str = "rollback"  # numeric health: rollback | rollback-or-restart | stop | ignore (run.health)
+    on_diverge: OnDiverge = OnDiverge.ROLLBACK  # numeric health (run.health): parsed where it comes in
     stall_timeout: float | None = None  # the stall watchdog (ftlaunch.run.stall); None: derived
     max_stall_restarts: int = 2
 
@@ -34,7 +49,10 @@ class RunOptions(PlanSettings):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunOptions:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known and v is not None})
+        values = {k: v for k, v in d.items() if k in known and v is not None}
+        if "on_diverge" in values:  # a stored record holds the word
+            values["on_diverge"] = OnDiverge(values["on_diverge"])
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,14 +79,14 @@ class RunOptions(PlanSettings):
             **shared,
         )
 
-    def supervisor_settings(self) -> dict[str, Any]:
-        """Keyword arguments for `create_run` (name, recovery budget)."""
-        return {
-            "name": self.run_name,
-            "recover": not self.no_recover,
-            "max_retries": self.max_retries,
-            "max_crash_retries": self.max_crash_retries,
-            "on_diverge": self.on_diverge,
-            "stall_timeout": self.stall_timeout,
-            "max_stall_restarts": self.max_stall_restarts,
-        }
+    def supervisor_settings(self) -> SupervisorSettings:
+        """What `create_run` records of how the supervisor behaves (name, recovery budget)."""
+        return SupervisorSettings(
+            name=self.run_name,
+            recover=not self.no_recover,
+            max_retries=self.max_retries,
+            max_crash_retries=self.max_crash_retries,
+            on_diverge=self.on_diverge,
+            stall_timeout=self.stall_timeout,
+            max_stall_restarts=self.max_stall_restarts,
+        )

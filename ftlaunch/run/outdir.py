@@ -10,9 +10,10 @@ import hashlib
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from ftlaunch.errors import BusyError, ConfigError, StateError
 from ftlaunch.files import file_in_the_way, home
@@ -20,7 +21,7 @@ from ftlaunch.locks import flock_open, try_flock
 from ftlaunch.plan.planner import Plan
 from ftlaunch.run import progress as prog
 from ftlaunch.run.orphans import refuse_if_alive, runs_of_output_dir
-from ftlaunch.run.state import RunState, RunStatus
+from ftlaunch.run.state import RunState, RunStatus, StartFacts
 from ftlaunch.run.store import runs_root
 
 
@@ -32,24 +33,39 @@ class Existing(StrEnum):
     FRESH = "fresh"  # --fresh: move the old content aside into <output_dir>.old-<UTC>
 
 
+class DirUse(StrEnum):
+    """What a new run does with its output_dir."""
+
+    USE = "use"  # nothing to resume there
+    CONTINUE = "continue"  # an unfinished ftlaunch run of this config left checkpoints: go on from them
+    ADOPT = "adopt"  # --resume-existing: go on from whatever checkpoints are there
+    FRESH = "fresh"  # --fresh: move the old content aside
+
+
+@dataclass(frozen=True)
+class OutputDirVerdict:
+    use: DirUse
+    why: str
+
+
 def output_dir_verdict(
     output_dir: str, checkpoints: list[str], owners: list[RunState], key: str, mode: Existing
-) -> tuple[str, str]:
-    """Pure: what a new run does with an output_dir: ("use" | "continue" | "adopt" | "fresh", why).
+) -> OutputDirVerdict:
+    """Pure: what a new run does with an output_dir (use, continue, adopt, fresh), and why.
 
     ``owners``: the states of earlier ftlaunch runs into this output_dir, latest last. Raises
     BusyError (exit 7) for checkpoints that no unfinished ftlaunch run of this config left: the
     trainer would resume them (overwrite_output_dir is off so ftlaunch's restarts resume), and a
     fresh run would silently train nothing, or on top of another run."""
     if mode is Existing.FRESH:
-        return "fresh", "--fresh: the old content is moved aside"
+        return OutputDirVerdict(DirUse.FRESH, "--fresh: the old content is moved aside")
     if not checkpoints:
-        return "use", "no checkpoints there"
+        return OutputDirVerdict(DirUse.USE, "no checkpoints there")
     if mode is Existing.RESUME:
-        return "adopt", f"--resume-existing: continuing {checkpoints[-1]}"
+        return OutputDirVerdict(DirUse.ADOPT, f"--resume-existing: continuing {checkpoints[-1]}")
     mine = owners[-1] if owners else None
     if mine and mine.memory_key == key and mine.status is not RunStatus.SUCCEEDED:
-        return "continue", f"continuing run {mine.id} of this config from {checkpoints[-1]}"
+        return OutputDirVerdict(DirUse.CONTINUE, f"continuing run {mine.id} of this config from {checkpoints[-1]}")
     if mine and mine.memory_key == key:
         why = f"run {mine.id} of this config already succeeded there"
     elif mine:
@@ -124,15 +140,15 @@ def link_trouble(path: Path) -> str | None:
 
 def claim_output_dir(
     env: Mapping[str, str], p: Plan, existing: Existing = Existing.REFUSE
-) -> tuple[IO[str], dict[str, Any]]:
+) -> tuple[IO[str], StartFacts]:
     """Before a new run exists: check FTLAUNCH_HOME and the output_dir, take the output_dir's lock
     (exit 7 when a live run holds it) and decide about old checkpoints under it.
 
     Exit 7 too when a trainer of an earlier run into this output_dir outlived its supervisor: that
     check runs under the lock, so no other shell can start a trainer in between.
 
-    Returns the held lock (hand it to `start_detached` or the Supervisor) and the state fields that
-    record what was found. ``p`` is a final plan (``run.prepare.make_plan``): its config key tells
+    Returns the held lock (hand it to `start_detached` or the Supervisor) and what was found, as the
+    state fields that record it. ``p`` is a final plan (``run.prepare.make_plan``): its config key tells
     whether earlier runs into the output_dir were of this config."""
     if p.memory_key is None:
         raise ValueError("claim_output_dir: the plan has no config key (plan it with ftlaunch.run.prepare.make_plan)")
@@ -149,16 +165,16 @@ def claim_output_dir(
         out = Path(output_dir)
         checkpoints = [path.name for _, path in prog.checkpoint_dirs(out)]
         owners = sorted((st for _, st in runs), key=lambda st: st.created or "")  # ids of one second sort at random
-        verdict, why = output_dir_verdict(output_dir, checkpoints, owners, p.memory_key, existing)
-        record: dict[str, Any] = {}
-        if verdict == "fresh" and out.is_dir() and any(out.iterdir()):
+        verdict = output_dir_verdict(output_dir, checkpoints, owners, p.memory_key, existing)
+        found = StartFacts()
+        if verdict.use is DirUse.FRESH and out.is_dir() and any(out.iterdir()):
             aside = Path(f"{output_dir}.old-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
             out.rename(aside)
             out.mkdir()
-            record = {"output_dir_moved_to": str(aside)}
-        elif verdict in ("adopt", "continue"):
-            record = {"adopted_checkpoint": checkpoints[-1], "adopted_because": why}
-        return lock, record
+            found = StartFacts(output_dir_moved_to=str(aside))
+        elif verdict.use in (DirUse.ADOPT, DirUse.CONTINUE):
+            found = StartFacts(adopted_checkpoint=checkpoints[-1], adopted_because=verdict.why)
+        return lock, found
     except BaseException:
         lock.close()
         raise

@@ -49,8 +49,14 @@ class RunStatus(StrEnum):
             RunStatus.ENV_CHANGED,
         }
 
-    def exit_code(self) -> int:
-        """What `status` (and a command that follows a run to its end) exits with for this status."""
+    def exit_code(self, trainer_rc: int | None = None) -> int:
+        """What `status` (and a command that follows a run to its end) exits with for this status: the
+        one table, _STATUS_CODES. ``trainer_rc``: the supervisor's own exit, which ends a stop with
+        STOPPED_EXIT and a plain failure with the trainer's code when it gave one (> 0)."""
+        if trainer_rc is not None and self is RunStatus.STOPPED:
+            return STOPPED_EXIT
+        if trainer_rc is not None and trainer_rc > 0 and self is RunStatus.FAILED:
+            return trainer_rc
         if self is RunStatus.SUCCEEDED:
             return int(ExitCode.OK)
         if self in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RECOVERING):
@@ -58,6 +64,8 @@ class RunStatus(StrEnum):
         return int(_STATUS_CODES.get(self, ExitCode.FAILED))
 
 
+STOPPED_EXIT = 130  # a supervisor stopped by the user exits as a process ended by SIGINT would
+# The statuses with their own exit code; other failures and stops exit ExitCode.FAILED.
 _STATUS_CODES = {
     RunStatus.DIVERGED: ExitCode.DIVERGED,
     RunStatus.STALLED: ExitCode.STALLED,
@@ -121,6 +129,28 @@ class Budget:
     def refilled(self) -> Budget:
         """A fresh budget of the same size (a resume by hand: the user changed something)."""
         return Budget(self.oom_max, self.crash_max, stall_max=self.stall_max)
+
+
+@dataclass(frozen=True)
+class StartFacts:
+    """State fields a new run starts with besides its plan and its supervisor settings: what `train`
+    found in the output_dir (ftlaunch.run.outdir), the disk forecast and its warnings
+    (ftlaunch.run.disk), the schedule that started it. None: not known, not written."""
+
+    output_dir_moved_to: str | None = None
+    adopted_checkpoint: str | None = None
+    adopted_because: str | None = None
+    disk: Mapping[str, Any] | None = None
+    warnings: tuple[str, ...] | None = None
+    schedule: str | None = None
+
+    def joined(self, other: StartFacts) -> StartFacts:
+        """These facts, with the ones ``other`` knows put over them."""
+        return replace(self, **other.known())
+
+    def known(self) -> dict[str, Any]:
+        """The facts that are known, by state field name (an event records them as such)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 def _tuple_or_none(value: Any) -> tuple[str, ...] | None:

@@ -88,6 +88,7 @@ def _run_locked(
     say: Callable[[str], None],
 ) -> ScheduleRun:
     from ftlaunch.run.launch import start_run
+    from ftlaunch.run.state import StartFacts
     from ftlaunch.run.view import run_view
 
     name = rec.name
@@ -128,7 +129,7 @@ def _run_locked(
             foreground=True,
             echo=echo,
             poll=poll,
-            extra_state={"schedule": name},
+            facts=StartFacts(schedule=name),
             check=check,
             on_created=created,
         ).exit_code

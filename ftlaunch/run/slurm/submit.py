@@ -9,11 +9,9 @@ starts it. A submission sbatch refuses leaves nothing behind (the run directory 
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.run.options import RunOptions
 from ftlaunch.run.slurm import sbatch as slurm
 from ftlaunch.run.state import RunStatus
-from ftlaunch.run.store import append_event, update_state
+from ftlaunch.run.store import RunFolder, append_event, update_state
 from ftlaunch.run.trainer import find_trainer
 
 
@@ -79,6 +77,17 @@ def cpu_nodes_plan(p: Any, nodes: int) -> Any:
     )
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """A run submitted to Slurm: its directory, the job id, the plan, and what the user should be told
+    (a run directory or output_dir on a filesystem other nodes cannot see: said, not refused)."""
+
+    run_dir: Path
+    job: str
+    plan: Any
+    warnings: tuple[str, ...] = ()
+
+
 def submit_run(
     config: str,
     overrides: tuple[str, ...],
@@ -86,12 +95,14 @@ def submit_run(
     req: slurm.SlurmRequest,
     env: Mapping[str, str],
     *,
+    cwd: str | Path,
     existing: str = "refuse",
-) -> tuple[Path, str, Any]:
+) -> Submitted:
     """Plan, create the run (status queued), write job.sbatch and srun-trainer.sh, sbatch it.
 
-    Returns (run_dir, job id, plan). A refused submission removes the run directory again and raises
-    TrainerError (exit 13) with sbatch's exit code and message."""
+    ``cwd`` is the caller's working directory (the job's PWD), read at the edge. A refused submission
+    removes the run directory again and raises TrainerError (exit 13) with sbatch's exit code and
+    message."""
     from ftlaunch.run.launch import new_run
     from ftlaunch.run.outdir import Existing
     from ftlaunch.run.prepare import make_plan
@@ -102,20 +113,18 @@ def submit_run(
     if req.cpu:
         p = cpu_nodes_plan(p, req.nodes)
     trainer = find_trainer(env)
-    run_dir, lock = new_run(loaded, p, env, existing=Existing(existing), **opts.supervisor_settings())
+    run_dir, lock = new_run(loaded, p, env, opts.supervisor_settings(), existing=Existing(existing))
     lock.close()  # the job's supervisor takes it on the batch host
     try:
-        job, notes = _write_and_submit(run_dir, p, req, trainer, env)
+        job, notes = _write_and_submit(run_dir, p, req, trainer, env, cwd)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # a job that was never submitted leaves no run behind
         raise
-    for n in notes:  # a local filesystem works when every "node" is this machine: say so, do not refuse
-        print(f"warning: {n}", file=sys.stderr)
-    return run_dir, job, p
+    return Submitted(run_dir, job, p, tuple(notes))
 
 
 def _write_and_submit(
-    run_dir: Path, p: Any, req: slurm.SlurmRequest, trainer: list[str], env: Mapping[str, str]
+    run_dir: Path, p: Any, req: slurm.SlurmRequest, trainer: list[str], env: Mapping[str, str], cwd: str | Path
 ) -> tuple[str, list[str]]:
     notes = []
     for path, what in ((run_dir, "the run directory"), (Path(str(p.config.get("output_dir") or ".")), "output_dir")):
@@ -124,9 +133,10 @@ def _write_and_submit(
             notes.append(f"{what} {path} is on {fs}: other nodes cannot see it; use a shared filesystem")
     carry = {"FTLAUNCH_HOME": str(home(env).absolute())}
     files = slurm.render_job(run_dir, run_dir.name, run_dir.name, req, slurm.this_python(), trainer, carry)
-    (run_dir / "job.sbatch").write_text(files.script)
-    (run_dir / "train.log").touch()  # `logs -f` works while the job is queued
-    wrapper = run_dir / "srun-trainer.sh"
+    folder = RunFolder(run_dir)
+    folder.job_script.write_text(files.script)
+    folder.train_log.touch()  # `logs -f` works while the job is queued
+    wrapper = folder.srun_trainer
     wrapper.write_text(files.trainer)
     wrapper.chmod(0o755)
     record = {
@@ -137,7 +147,7 @@ def _write_and_submit(
         "master_addr": req.master_addr,
     }
     update_state(run_dir, status=RunStatus.QUEUED, slurm=record, warnings=tuple(notes))
-    job = slurm.submit(run_dir / "job.sbatch", {**env, "PWD": os.getcwd()})
+    job = slurm.submit(folder.job_script, {**env, "PWD": str(cwd)})
     update_state(run_dir, slurm_job_id=job)
     append_event(run_dir, "submitted", job_id=job, nodes=req.nodes, gpus_per_node=req.gpus_per_node, notes=notes)
     return job, notes
