@@ -201,6 +201,7 @@ def estimate_renderables(out: Mapping[str, Any]) -> list[Any]:
     """`estimate` on one machine: data, steps, memory and time tables, assumptions, levers."""
     from rich.text import Text
 
+    from ftlaunch.plan.memory.prediction import MemoryPrediction
     from ftlaunch.plan.render import memory_table
     from ftlaunch.plan.tables import Cell, Col, Grid, Para, kv_table
 
@@ -229,8 +230,9 @@ def estimate_renderables(out: Mapping[str, Any]) -> list[Any]:
         ("optimizer steps in total", f"{out['optimizer_steps']:,}"),
     ]
     shown.append(kv_table("steps", steps, justify="right"))
-    if out.get("memory"):
-        shown.append(memory_table(out["memory"]))
+    mem = MemoryPrediction.from_dict(out.get("memory"))
+    if mem is not None:
+        shown.append(memory_table(mem))
     else:
         shown.append(Para(f"memory: not modelled for {out.get('hardware')} (the memory model is per GPU)"))
     source = {"probe": "measured (probe)", "peak-flops": "GUESS from peak FLOP/s"}.get(out["time_source"], "none")

@@ -7,6 +7,7 @@ runs, a run's status table and the JSON form of a plan (secrets masked).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -60,12 +61,10 @@ def plan_json(p: Plan, simulated: dict[str, Any] | None = None) -> dict[str, Any
     from ftlaunch.plan.config import split_secrets
     from ftlaunch.run.trainer import public_env
 
-    d = p.to_dict()
+    d = (p if simulated is None else replace(p, simulated=simulated)).to_dict()
     d["env"] = public_env(p.env)
     public, secret = split_secrets(d["config"])
     d["config"] = {**public, **dict.fromkeys(secret, "***")}
-    if simulated is not None:
-        d["memory"] = {**(d["memory"] or {}), "simulated": simulated}
     return d
 
 

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftlaunch.plan.memory.prediction import MemoryPrediction
+
 # Data-parallel scaling is not modelled (no communication cost): stated with every comparison.
 SCALING_NOTE = (
     "several GPUs: time assumes linear data-parallel scaling (no communication cost); expect real "
@@ -141,13 +143,13 @@ def row_from_estimate(
         tps = float(tokens) / float(train_s)  # the estimate's sustained rate (start-up and saves excluded)
     price = price_for(machine, gpu, prices)
     cost = (round(gh[0] * price, 2), round(gh[1] * price, 2)) if price is not None and gh else None
-    mem = plan.get("memory") or {}
+    mem = MemoryPrediction.from_dict(plan.get("memory"))
     return MachineRow(
         machine=machine,
         gpu=gpu,
         count=len(gpus),
         fits=True,
-        verdict=mem.get("verdict") or ("fits" if mem.get("fits", True) else "does not fit"),
+        verdict=mem.verdict.value if mem else "fits",
         precision=plan.get("precision"),
         micro_batch=plan.get("micro_batch"),
         accumulation=plan.get("accumulation"),

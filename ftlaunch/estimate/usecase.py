@@ -82,7 +82,7 @@ def estimate_plan(p: Plan, req: PlanRequest, stats: TokenStats, probe: Any = Non
         extra={
             "hardware": p.hardware.describe(),
             "precision": p.precision,
-            "memory": dict(p.memory) if p.memory else None,
+            "memory": p.memory.to_dict() if p.memory else None,
             "plan_warnings": list(p.warnings),
         },
     )

@@ -24,6 +24,7 @@ from ftlaunch.plan.change import REMOVED, Change
 from ftlaunch.plan.environment import default_notes
 from ftlaunch.plan.flags import truthy
 from ftlaunch.plan.hardware import Hardware
+from ftlaunch.plan.memory.prediction import MemoryPrediction, memory_json
 from ftlaunch.plan.memory.setup import deepspeed_stage
 
 
@@ -49,7 +50,8 @@ class Plan:
     micro_batch: int
     accumulation: int
     warnings: tuple[str, ...] = ()
-    memory: Mapping[str, Any] | None = None
+    memory: MemoryPrediction | None = None
+    simulated: Mapping[str, Any] | None = None  # the simulator's measurement (plan/memory/simulate.py)
     # Defaults the installed versions decide (plan/environment.py default_notes): said, not changed.
     notes: tuple[str, ...] = ()
     schema: str | None = None  # "v1": planned in the schema of LLaMA-Factory's v1 trainer (plan/v1.py)
@@ -87,7 +89,7 @@ class Plan:
             "gradient_accumulation_steps": self.accumulation,
             "warnings": list(self.warnings),
             "notes": list(self.notes),
-            "memory": dict(self.memory) if self.memory is not None else None,
+            "memory": memory_json(self.memory, self.simulated),
             **({"resolved_paths": list(self.resolved_paths)} if self.resolved_paths else {}),
             **({"hub": dict(self.hub)} if self.hub is not None else {}),
             **({"hub_datasets": [dict(x) for x in self.hub_datasets]} if self.hub_datasets else {}),
@@ -378,7 +380,7 @@ def plan(
 
     remembered = options.remembered_micro_batch
     micro, accum = split_batch(per_device, remembered or micro_src)
-    memory: Mapping[str, Any] | None = None
+    memory: MemoryPrediction | None = None
     batch_reason = f"keeps global batch {g_source} ({gb.why}) on {world} device(s)"
     if remembered:
         batch_reason = options.remembered_reason or "micro-batch that worked last time on this card"

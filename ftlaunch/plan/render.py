@@ -6,6 +6,7 @@ is a ftlaunch.plan.tables.Grid (keys and numbers whole at any width).
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -13,6 +14,7 @@ from rich.text import Text
 
 from ftlaunch.plan.change import REMOVED
 from ftlaunch.plan.hardware import Hardware
+from ftlaunch.plan.memory.prediction import Alternative, Kind, MemoryPrediction
 from ftlaunch.plan.planner import Plan
 from ftlaunch.plan.tables import Cell, Col, Grid, Para, kv_table
 
@@ -71,7 +73,7 @@ def plan_renderables(plan: Plan, title: str = "ftlaunch plan") -> list[Any]:
     return out
 
 
-def memory_table(mem: Any) -> Grid:
+def memory_table(mem: MemoryPrediction) -> Grid:
     """The memory model's figures and verdict: fits (within the headroom), tight (runs, with less
     headroom than the target) or does not fit."""
     t = Grid(
@@ -80,36 +82,31 @@ def memory_table(mem: Any) -> Grid:
         title="memory per GPU (GiB, predicted)",
         show_header=False,
     )
-    for key in (
-        "weights_gib",
-        "gradients_gib",
-        "optimizer_gib",
-        "activations_gib",
-        "logits_gib",
-        "overhead_gib",
-        "peak_gib",
-        "capacity_gib",
-        "usable_gib",
-        "host_gib",
+    e = mem.estimate
+    for name, gib in (
+        ("weights", e.weights_gib),
+        ("gradients", e.gradients_gib),
+        ("optimizer", e.optimizer_gib),
+        ("activations", e.activations_gib),
+        ("logits", e.logits_gib),
+        ("overhead", e.overhead_gib),
+        ("peak", e.peak_gib),
+        ("capacity", mem.capacity_gib),
+        ("usable", mem.usable_gib),
+        ("host", e.host_gib),
     ):
-        if mem.get(key) is not None:
-            t.add_row(key.removesuffix("_gib"), f"{mem[key]:.2f}")
-    if mem.get("optimizer"):
-        t.add_row("optimizer", str(mem["optimizer"]))
-    verdict = mem.get("verdict") or ("fits" if mem.get("fits") else "does not fit")
-    left = ""
-    if mem.get("headroom_gib") is not None and mem.get("headroom_share") is not None:
-        left = f"{mem['headroom_gib']:.2f} GiB ({mem['headroom_share']:.1%}) free"
-    target = f"target headroom {mem['headroom']:.0%}" if mem.get("headroom") is not None else ""
-    shown = {"fits": "fits", "tight": "TIGHT", "does_not_fit": "DOES NOT FIT"}.get(verdict, str(verdict).upper())
-    t.add_row("verdict", "; ".join(x for x in (shown, left, target) if x))
-    if mem.get("correction") not in (None, 1, 1.0):
-        t.add_row("correction", f"x{mem['correction']:.3f} {mem.get('correction_note') or ''}".strip())
-    if mem.get("host_ram_note"):
-        t.add_row("host RAM", str(mem["host_ram_note"]))
-    if mem.get("tried"):
+        t.add_row(name, f"{gib:.2f}")
+    if mem.optimizer:
+        t.add_row("optimizer", mem.optimizer)
+    left = f"{mem.headroom_gib:.2f} GiB ({mem.headroom_share:.1%}) free"
+    t.add_row("verdict", "; ".join((mem.verdict.shown, left, f"target headroom {mem.headroom:.0%}")))
+    if mem.correction != 1:
+        t.add_row("correction", f"x{mem.correction:.3f} {mem.correction_note or ''}".strip())
+    if mem.host_ram_note:
+        t.add_row("host RAM", mem.host_ram_note)
+    if mem.tried:
         # micro-batch:peak GiB, no space inside a pair: a line breaks between pairs only
-        t.add_row("micro-batch tried", ", ".join(f"{b}:{p:.1f}" for b, p in mem["tried"]))
+        t.add_row("micro-batch tried", ", ".join(f"{b}:{p:.1f}" for b, p in mem.tried))
     return t
 
 
@@ -151,16 +148,17 @@ def hardware_renderables(hw: Hardware) -> list[Any]:
 
 
 KIND_TITLES = {  # short: they sit in the option column
-    "same-numbers": "same numbers:",
-    "numerics": "other numerics:",
-    "method": "other method/data:",
-    "hardware": "more hardware:",
+    Kind.SAME_NUMBERS: "same numbers:",
+    Kind.NUMERICS: "other numerics:",
+    Kind.METHOD: "other method/data:",
+    Kind.HARDWARE: "more hardware:",
 }
 
 
-def alternatives_table(alternatives: list[dict[str, Any]]) -> Grid:
+def alternatives_table(alternatives: Sequence[Alternative | Mapping[str, Any]]) -> Grid:
     """The options when a config does not fit, grouped by how much they change the training; a "no"
-    says why (GPU peak or host RAM), a "yes" says what to change and what it costs in speed."""
+    says why (GPU peak or host RAM), a "yes" says what to change and what it costs in speed. Rows as
+    the memory model makes them, or as a DoesNotFitError carries them (JSON)."""
     t = Grid(
         Col("option"),
         Col("peak GiB", justify="right"),
@@ -171,23 +169,23 @@ def alternatives_table(alternatives: list[dict[str, Any]]) -> Grid:
         caption="ordered by how much each changes the training: same numbers, then numerics, then method or data",
     )
     kind = None
-    for a in alternatives:
-        if a.get("kind") != kind and a.get("kind") in KIND_TITLES:
+    for row in alternatives:
+        a = row if isinstance(row, Alternative) else Alternative.from_dict(row)
+        if a.kind != kind:
             if kind is not None:
                 t.add_section()
-            kind = a.get("kind")
-            t.add_row(Cell(KIND_TITLES[str(kind)], style="dim"), "", "", "", "")
-        change = " ".join(f"{k}={v}" for k, v in (a.get("change") or {}).items())
-        host = a.get("host_gib")
-        if a.get("fits"):
-            note = change + (f"  (speed: {a['speed']})" if a.get("speed") and a["speed"] != "same" else "")
+            kind = a.kind
+            t.add_row(Cell(KIND_TITLES[kind], style="dim"), "", "", "", "")
+        change = " ".join(f"{k}={v}" for k, v in a.change.items())
+        if a.fits:
+            note = change + (f"  (speed: {a.speed})" if a.speed and a.speed != "same" else "")
         else:
-            note = str(a.get("why") or change)
+            note = a.reason or change
         t.add_row(
-            str(a.get("option")),
-            f"{a.get('peak_gib', 0):.1f}",
-            "-" if not host else f"{host:.0f}",
-            "yes" if a.get("fits") else "no",
+            a.option,
+            f"{a.peak_gib:.1f}",
+            "-" if not a.host_gib else f"{a.host_gib:.0f}",
+            "yes" if a.fits else "no",
             note,
         )
     return t

@@ -25,6 +25,7 @@ from typing import Any
 
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.flags import truthy
+from ftlaunch.plan.memory.prediction import MemoryPrediction
 
 MAX_ROLLBACKS = 2
 
@@ -543,14 +544,13 @@ def decide(
     return Decision(Response.ROLLBACK, msg, target, aside, r.changes, r.what)
 
 
-def fp32_fits(memory: Mapping[str, Any] | None) -> bool:
-    """Whether an fp16 run's plan leaves room for fp32 (``plan.json`` ``memory``); unknown: no.
+def fp32_fits(memory: MemoryPrediction | None) -> bool:
+    """Whether an fp16 run's plan leaves room for fp32 (the plan's memory prediction); unknown: no.
 
     HF mixed precision keeps fp32 master weights, gradients and optimizer state already; fp32 doubles
     what autocast held in half precision: activations and logits.
     """
-    if not memory or not memory.get("fits"):
+    if memory is None or not memory.fits:
         return False
-    peak, usable = as_number(memory.get("peak_gib")), as_number(memory.get("usable_gib"))
-    extra = sum(as_number(memory.get(k)) or 0.0 for k in ("activations_gib", "logits_gib"))
-    return peak is not None and usable is not None and peak + extra <= usable
+    e = memory.estimate
+    return e.peak_gib + e.activations_gib + e.logits_gib <= memory.usable_gib

@@ -447,16 +447,16 @@ def test_full_ft_of_llama3_8b_on_16gb_card_returns_alternatives() -> None:
     assert c.micro_batch is None
     assert c.changes == ()  # checkpointing already on, sdpa already, host RAM unknown -> no offload
     assert [b for b, _ in c.tried] == [8, 4, 2, 1]
-    options = {a["option"]: a for a in c.alternatives}
+    options = {a.option: a for a in c.alternatives}
     for needed in ("LoRA r=8", "QLoRA 8-bit", "QLoRA 4-bit", "cutoff_len 1024"):
         assert needed in options
     assert any(o.startswith("ZeRO-3 on ") for o in options)
-    assert options["QLoRA 4-bit"]["fits"] and options["QLoRA 4-bit"]["change"]["quantization_bit"] == 4
-    assert not options["LoRA r=8"]["fits"]
-    assert not options["cutoff_len 1024"]["fits"]
+    assert options["QLoRA 4-bit"].fits and options["QLoRA 4-bit"].change["quantization_bit"] == 4
+    assert not options["LoRA r=8"].fits
+    assert not options["cutoff_len 1024"].fits
     for alt in c.alternatives:
-        assert set(alt) >= {"option", "peak_gib", "fits", "change"}
-        assert isinstance(alt["change"], dict) and alt["change"]
+        assert set(alt.to_dict()) >= {"option", "peak_gib", "fits", "change"}
+        assert isinstance(alt.change, dict) and alt.change
 
 
 def test_offload_needs_enough_host_ram() -> None:
@@ -464,8 +464,8 @@ def test_offload_needs_enough_host_ram() -> None:
     setup = TrainSetup(finetuning_type="full")
     small = choose_micro_batch(spec, setup, capacity_gib=24, per_device_batch=1, host_ram_gib=64)
     assert small.micro_batch is None and small.changes == ()
-    off = {a["option"]: a for a in small.alternatives}["ZeRO-3 CPU offload"]
-    assert off["host_gib"] > 64 and not off["fits"]
+    off = {a.option: a for a in small.alternatives}["ZeRO-3 CPU offload"]
+    assert off.host_gib > 64 and not off.fits
     big = choose_micro_batch(spec, setup, capacity_gib=24, per_device_batch=1, host_ram_gib=512)
     assert big.micro_batch == 1 and [ch.key for ch in big.changes] == ["deepspeed"]
 

@@ -145,9 +145,9 @@ def test_plan_names_the_optimizer_it_assumed() -> None:
     spec = spec_of("qwen2.5-1.5b")
     chooser = make_memory_chooser(spec, None, headroom=0.12, default_optim=FUSED)
     d = chooser({**SEED, "deepspeed": None}, catalog_hardware("A100-80GB"), 8, 1)
-    assert d.memory["optimizer"] == "adamw_torch_fused" and d.memory["optimizer_source"] == FUSED[1]
+    assert d.memory.optimizer == "adamw_torch_fused" and d.memory.optimizer_source == FUSED[1]
     d = chooser({**SEED, "deepspeed": None, "optim": "adamw_torch"}, catalog_hardware("A100-80GB"), 8, 1)
-    assert d.memory["optimizer"] == "adamw_torch" and d.memory["optimizer_source"] == "config"
+    assert d.memory.optimizer == "adamw_torch" and d.memory.optimizer_source == "config"
 
 
 # ============================================================ host RAM of a what-if machine
@@ -176,8 +176,8 @@ def test_seed_case_plans_on_v100_keeping_full_finetuning_and_the_global_batch() 
     assert p.global_batch_target == p.global_batch_source == 64
     assert p.micro_batch == 1 and p.accumulation == 64
     assert p.config["finetuning_type"] == "full" and p.config["cutoff_len"] == 1024 and p.config["fp16"] is True
-    assert p.memory["verdict"] in (FITS, TIGHT)
-    if p.memory["verdict"] == TIGHT:
+    assert p.memory.verdict in (FITS, TIGHT)
+    if p.memory.verdict == TIGHT:
         reason = next(c.reason for c in p.changes if c.key == "gradient_accumulation_steps")
         assert "TIGHT" in reason and "headroom" in reason
         assert any(w.startswith("tight:") for w in p.warnings)
@@ -189,7 +189,7 @@ def test_upstream_qwen3_full_sft_plans_on_a100_80gb() -> None:
     values = yaml.safe_load((EXAMPLES / "train_full" / "qwen3_full_sft.yaml").read_text())
     values["deepspeed"] = None  # one device: the planner drops it anyway
     p = _plan(values, "A100-80GB", 1, spec_of("qwen3-4b"))
-    assert p.memory["verdict"] in (FITS, TIGHT)
+    assert p.memory.verdict in (FITS, TIGHT)
     assert p.config["finetuning_type"] == "full" and p.config["cutoff_len"] == 2048
 
 
@@ -253,8 +253,8 @@ def test_observed_peak_is_kept_and_only_raises_later_predictions(isolated_home) 
     plain = make_memory_chooser(spec, None, headroom=0.12, default_optim=FUSED)
     seen = make_memory_chooser(spec, None, headroom=0.12, default_optim=FUSED, observed=obs)
     a, b = (c(values, catalog_hardware("A100-80GB"), 1, 1) for c in (plain, seen))
-    assert b.memory["peak_gib"] == pytest.approx(a.memory["peak_gib"] * 31 / 30)
-    assert b.memory["correction_note"] and any("31.00 GiB" in w for w in b.warnings)
+    assert b.memory.peak_gib == pytest.approx(a.memory.peak_gib * 31 / 30)
+    assert b.memory.correction_note and any("31.00 GiB" in w for w in b.warnings)
 
 
 def test_simulate_plan_without_a_config_json_says_why_and_keeps_the_formula() -> None:
@@ -265,7 +265,7 @@ def test_simulate_plan_without_a_config_json_says_why_and_keeps_the_formula() ->
     p = plan({**SEED, "deepspeed": None}, catalog_hardware("A100-80GB"), memory_chooser=chooser)
     out = simulate_plan(p, None, python="/nonexistent/python")  # a hub id, no local config.json
     assert out["error"] == "no config.json to build the model from"
-    assert out["formula_peak_gib"] == p.memory["peak_gib"] and "simulated_peak_gib" not in out
+    assert out["formula_peak_gib"] == p.memory.peak_gib and "simulated_peak_gib" not in out
     liger = plan(
         {**SEED, "deepspeed": None, "enable_liger_kernel": True}, catalog_hardware("A100-80GB"), memory_chooser=chooser
     )

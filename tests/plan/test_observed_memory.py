@@ -47,7 +47,7 @@ def setup_run(tmp_path: Path) -> tuple[dict, PlanRequest]:
 def test_observed_peak_is_recorded_beside_the_prediction_and_corrects_the_next_plan(tmp_path):
     env, req = setup_run(tmp_path)
     loaded, p = make_plan(req, env)
-    predicted = p.memory["peak_gib"]
+    predicted = p.memory.peak_gib
     run_dir = create_run(loaded, p, env)
     seen = predicted * 1.25  # the card really held 25% more than predicted
     code = Supervisor(run_dir, env, poll=0.05, sample_every=0.1, gpu_sampler=lambda pids: seen).run()
@@ -61,7 +61,7 @@ def test_observed_peak_is_recorded_beside_the_prediction_and_corrects_the_next_p
     learned = recall(env, state.memory_key)["observed"]
     assert learned["observed_peak_gib"] == round(seen, 3) and learned["micro_batch"] == p.micro_batch
     _, again = make_plan(req, env)
-    assert again.memory["correction"] > 1.2 and again.memory["peak_gib"] > predicted * 1.2
+    assert again.memory.correction > 1.2 and again.memory.peak_gib > predicted * 1.2
     assert any("observed" in w or "used" in w for w in again.warnings), again.warnings
 
 
@@ -75,12 +75,12 @@ def test_a_remembered_micro_batch_is_planned_once_with_the_memory_model(tmp_path
     assert first.micro_batch > 1 and first.memory is not None
     key = config_key(loaded.values, first.hardware.gpu_model, first.global_batch_target)
     remember(env, key, {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8}, "OOM at step 3")
-    predicted = first.memory["peak_gib"]
+    predicted = first.memory.peak_gib
     remember_observed(env, key, observed_peak_gib=predicted * 1.1, predicted_peak_gib=predicted, micro_batch=1)
     _, again = make_plan(req, env)
     assert (again.micro_batch, again.accumulation) == (1, 8)
     assert again.global_batch_target == first.global_batch_target
-    assert again.memory is not None and again.memory["correction"] > 1.05
+    assert again.memory is not None and again.memory.correction > 1.05
     reasons = {c.key: c.reason for c in again.changes}
     assert (
         "worked on" in reasons["per_device_train_batch_size"]

@@ -132,8 +132,8 @@ def test_a_ptq_model_is_sized_at_its_bits_and_never_under_zero3():
     values = {**FULL_7B, "finetuning_type": "lora", "lora_target": "all", "per_device_train_batch_size": 1}
     values["gradient_accumulation_steps"] = 1
     hw = catalog_hardware("A100-80GB")
-    w_awq = plan(values, hw, PlanOptions(), memory_chooser=chooser(awq)).memory["weights_gib"]
-    w_plain = plan(values, hw, PlanOptions(), memory_chooser=chooser(plain)).memory["weights_gib"]
+    w_awq = plan(values, hw, PlanOptions(), memory_chooser=chooser(awq)).memory.estimate.weights_gib
+    w_plain = plan(values, hw, PlanOptions(), memory_chooser=chooser(plain)).memory.estimate.weights_gib
     assert w_plain > 14 and w_awq < 7, (w_awq, w_plain)  # 15 GiB at bf16; ~5.5 GiB at 4 bits
     # where only offload would fit, the plan says so and names the rule
     long = {**values, "cutoff_len": 32768, "disable_gradient_checkpointing": False}

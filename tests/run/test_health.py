@@ -406,11 +406,20 @@ def test_scale_lr_failure_leaves_everything_in_place(tmp_path):
 
 
 def test_fp32_fits_only_with_room_for_full_precision_activations():
-    mem = {"fits": True, "peak_gib": 20.0, "usable_gib": 28.0, "activations_gib": 3.0, "logits_gib": 1.0}
+    from dataclasses import replace
+
+    from ftlaunch.plan.memory.peak import MemoryEstimate
+    from ftlaunch.plan.memory.prediction import MemoryPrediction, Verdict
+
+    est = MemoryEstimate(8.0, 4.0, 2.0, 3.0, 1.0, 2.0, peak_gib=20.0, host_gib=0.0, trainable_params=1)
+    mem = MemoryPrediction(est, 32.0, usable_gib=28.0, headroom=0.12, verdict=Verdict.FITS, headroom_gib=12.0,
+                           headroom_share=0.375)  # fmt: skip
     assert h.fp32_fits(mem)
-    assert not h.fp32_fits({**mem, "activations_gib": 7.5})
-    assert not h.fp32_fits({**mem, "fits": False})
-    assert not h.fp32_fits(None) and not h.fp32_fits({})
+    assert not h.fp32_fits(replace(mem, estimate=replace(est, activations_gib=7.5)))
+    assert not h.fp32_fits(replace(mem, verdict=Verdict.DOES_NOT_FIT))
+    assert not h.fp32_fits(None) and not h.fp32_fits(MemoryPrediction.from_dict({}))
+    # as a run's plan.json holds it
+    assert h.fp32_fits(MemoryPrediction.from_dict(mem.to_dict()))
 
 
 # ---------------------------------------------------------------- HealthWatch, the supervisor's calls

@@ -17,6 +17,7 @@ from ftlaunch.plan import rules
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.memory.choose import MIN_HEADROOM, TIGHT, choose_micro_batch, gib_pair
+from ftlaunch.plan.memory.prediction import MemoryPrediction
 from ftlaunch.plan.memory.setup import default_optimizer, setup_from_config
 from ftlaunch.plan.memory.store import correction_from
 from ftlaunch.plan.offload import materialize
@@ -25,7 +26,7 @@ from ftlaunch.plan.offload import materialize
 @dataclass(frozen=True)
 class MemoryDecision:
     micro_batch: int | None
-    memory: dict[str, Any]
+    memory: MemoryPrediction
     edits: tuple[Change, ...] = ()  # config changes, values as the trainer needs them
     env: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -156,29 +157,28 @@ def make_memory_chooser(
             zero3_refused=zero3_refused,
             deepspeed_refused=ds_refused,
         )
-        est = choice.estimate.to_dict()
+        peak_gib = choice.estimate.peak_gib
         usable = capacity * (1 - headroom)
-        mem = {
-            **est,
-            "capacity_gib": round(capacity, 2),
-            "usable_gib": round(usable, 2),
-            "headroom": headroom,
-            "verdict": choice.verdict,
-            "headroom_gib": round(choice.headroom_gib, 2),
-            "headroom_share": round(choice.headroom_share, 4),
-            "fits": choice.micro_batch is not None,
-            "tried": [list(t) for t in choice.tried],
-            "model_params": spec.params,
-            "optimizer": choice.setup.optimizer,
-            "optimizer_source": "config" if values.get("optim") else optim_why,
-            "host_ram_gib": host_ram,
-            "host_ram_note": host_note,
-            "correction": round(correction, 4),
-            "correction_note": correction_why,
-        }
+        mem = MemoryPrediction(
+            estimate=choice.estimate,
+            capacity_gib=round(capacity, 2),
+            usable_gib=round(usable, 2),
+            headroom=headroom,
+            verdict=choice.verdict,
+            headroom_gib=round(choice.headroom_gib, 2),
+            headroom_share=round(choice.headroom_share, 4),
+            tried=choice.tried,
+            model_params=spec.params,
+            optimizer=choice.setup.optimizer,
+            optimizer_source="config" if values.get("optim") else optim_why,
+            host_ram_gib=host_ram,
+            host_ram_note=host_note,
+            correction=round(correction, 4),
+            correction_note=correction_why,
+        )
         if choice.micro_batch is None:
-            alternatives = [dict(a) for a in choice.alternatives]
-            peak, limit = gib_pair(est["peak_gib"], capacity * (1 - min(headroom, MIN_HEADROOM)))
+            alternatives = [a.to_dict() for a in choice.alternatives]
+            peak, limit = gib_pair(peak_gib, capacity * (1 - min(headroom, MIN_HEADROOM)))
             raise DoesNotFitError(
                 f"{spec.params / 1e9:.2f}B-parameter model, {setup.finetuning_type} fine-tuning, "
                 f"cutoff_len {setup.seq_len}: peak {peak} GiB at micro-batch 1 > {limit} GiB on "
@@ -195,7 +195,7 @@ def make_memory_chooser(
                 payload={
                     "hardware": hw.to_dict(),
                     "config": dict(values),
-                    "memory": {**mem, "alternatives": alternatives},
+                    "memory": {**mem.to_dict(), "alternatives": alternatives},
                 },
             )
         edits: list[Change] = []
@@ -209,18 +209,18 @@ def make_memory_chooser(
         if choice.verdict == TIGHT:
             reason = (
                 f"TIGHT: largest micro-batch dividing {per_device}{upto} within the card: predicted peak "
-                f"{est['peak_gib']:.2f} GiB of {capacity:.2f} GiB leaves {choice.headroom_share:.1%} "
+                f"{peak_gib:.2f} GiB of {capacity:.2f} GiB leaves {choice.headroom_share:.1%} "
                 f"({choice.headroom_gib:.2f} GiB) headroom, less than the {headroom:.0%} target"
             )
             warnings += (
-                f"tight: predicted peak {est['peak_gib']:.2f} GiB of {capacity:.2f} GiB "
+                f"tight: predicted peak {peak_gib:.2f} GiB of {capacity:.2f} GiB "
                 f"({choice.headroom_share:.1%} headroom, target {headroom:.0%}); an OOM is recovered by the "
                 "next rung (smaller micro-batch, then offload)",
             )
         else:
             reason = (
                 f"largest micro-batch dividing {per_device}{upto} that fits: predicted peak "
-                f"{est['peak_gib']:.1f} GiB <= {usable:.1f} GiB usable ({capacity:.0f} GiB, {headroom:.0%} headroom); "
+                f"{peak_gib:.1f} GiB <= {usable:.1f} GiB usable ({capacity:.0f} GiB, {headroom:.0%} headroom); "
                 f"fits, {choice.headroom_share:.0%} of the card free"
             )
         return MemoryDecision(choice.micro_batch, mem, tuple(edits), env, warnings, reason)

@@ -11,22 +11,17 @@ from typing import Any
 from ftlaunch.plan.batch import divisors_desc
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.memory.peak import Estimator, MemoryEstimate, corrected
+from ftlaunch.plan.memory.prediction import Alternative, Kind, Verdict
 from ftlaunch.plan.memory.setup import TrainSetup
 from ftlaunch.plan.modelspec import ModelSpec
 from ftlaunch.plan.offload import ZERO3_OFFLOAD
 
-FITS = "fits"  # within the target headroom
-TIGHT = "tight"  # within the physical memory, with less than the target headroom
-DOES_NOT_FIT = "does_not_fit"
+FITS, TIGHT, DOES_NOT_FIT = Verdict.FITS, Verdict.TIGHT, Verdict.DOES_NOT_FIT
 # A tight plan keeps at least this share of the card free: the calibration goal lets the formulas
 # under-predict by at most 2% (docs/memory-model.md, "Calibration"), so less than that is a guess.
 MIN_HEADROOM = 0.02
 
-# Kinds of alternatives, ordered by how much they change the training.
-SAME_NUMBERS = "same-numbers"  # the same optimisation, bit for bit or nearly (offload, recompute)
-NUMERICS = "numerics"  # the same method with slightly different arithmetic (8-bit states, bf16 weights)
-METHOD = "method"  # a different method or data (LoRA, QLoRA, shorter cutoff)
-HARDWARE = "hardware"  # more GPUs
+SAME_NUMBERS, NUMERICS, METHOD, HARDWARE = Kind.SAME_NUMBERS, Kind.NUMERICS, Kind.METHOD, Kind.HARDWARE
 
 
 def gib_pair(a: float, b: float) -> tuple[str, str]:
@@ -40,7 +35,7 @@ def gib_pair(a: float, b: float) -> tuple[str, str]:
     return x, y
 
 
-def verdict_of(peak_gib: float, capacity_gib: float, headroom: float) -> str:
+def verdict_of(peak_gib: float, capacity_gib: float, headroom: float) -> Verdict:
     """fits (peak within capacity x (1 - headroom)), tight (within capacity x (1 - MIN_HEADROOM)),
     or does_not_fit."""
     if peak_gib <= capacity_gib * (1 - headroom):
@@ -68,8 +63,8 @@ class Choice:
     estimate: MemoryEstimate
     changes: tuple[Change, ...]  # what the chooser changed in the config (llamafactory keys), in order
     tried: tuple[tuple[int, float], ...]  # (micro_batch, peak_gib) for the final setup
-    alternatives: tuple[dict, ...]  # filled when nothing fits
-    verdict: str = FITS
+    alternatives: tuple[Alternative, ...]  # filled when nothing fits
+    verdict: Verdict = FITS
     capacity_gib: float = 0.0
 
     @property
@@ -126,7 +121,7 @@ def choose_micro_batch(
     changes: list[Change] = []
     est_fn = corrected(spec, correction)
 
-    def done(mb: int, cur: TrainSetup, est: MemoryEstimate, tried: tuple, verdict: str) -> Choice:
+    def done(mb: int, cur: TrainSetup, est: MemoryEstimate, tried: tuple, verdict: Verdict) -> Choice:
         chosen = replace(cur, micro_batch=mb, accumulation=per_device_batch // mb)
         return Choice(mb, chosen, est, tuple(changes), tried, (), verdict, capacity_gib)
 
@@ -234,7 +229,7 @@ def _alternatives(
     bf16_capable: bool,
     zero3_refused: str | None = None,
     deepspeed_refused: str | None = None,
-) -> tuple[dict, ...]:
+) -> tuple[Alternative, ...]:
     """What would fit at micro-batch 1, each option changing one thing the chooser may not.
 
     Rows are ordered by kind: same numbers (DeepSpeed offload on the same GPUs), numerics (8-bit
@@ -242,9 +237,9 @@ def _alternatives(
     has its predicted GPU peak, host RAM need, a speed word and, when it does not fit, why.
     """
     base = replace(base, micro_batch=1)
-    out: list[dict] = []
+    out: list[Alternative] = []
 
-    def add(option: str, kind: str, setup: TrainSetup, change: dict, speed: str) -> None:
+    def add(option: str, kind: Kind, setup: TrainSetup, change: dict, speed: str) -> None:
         est = est_fn(setup)
         verdict = verdict_of(est.peak_gib, capacity_gib, headroom)
         why = None
@@ -254,26 +249,25 @@ def _alternatives(
         elif verdict == TIGHT:
             why = f"tight: {(capacity_gib - est.peak_gib) / capacity_gib:.1%} headroom"
         host_why = _host_check(est.host_gib, host_ram_gib, headroom, host_ram_note) if est.host_gib else None
-        row = {
-            "option": option,
-            "kind": kind,
-            "peak_gib": round(est.peak_gib, 2),
-            "host_gib": round(est.host_gib, 1),
-            "fits": verdict != DOES_NOT_FIT and host_why is None,
-            "verdict": verdict if host_why is None else DOES_NOT_FIT,
-            "change": change,
-            "speed": speed,
-        }
         if host_why:
-            row["why"] = host_why if why is None or verdict == TIGHT else f"{why}; {host_why}"
-        elif why:
-            row["why"] = why
-        if est.host_gib:
-            row["host_ram_gib"] = host_ram_gib
+            why = host_why if why is None or verdict == TIGHT else f"{why}; {host_why}"
         refused = deepspeed_refused if setup.zero_stage else None
         refused = refused or (zero3_refused if setup.zero_stage == 3 else None)
-        if refused:  # the trainer would refuse it: never offered as fitting
-            row.update(fits=False, verdict=DOES_NOT_FIT, why=refused)
+        fits = verdict != DOES_NOT_FIT and host_why is None and not refused  # refused: never offered as fitting
+        row = Alternative(
+            option=option,
+            kind=kind,
+            peak_gib=round(est.peak_gib, 2),
+            host_gib=round(est.host_gib, 1),
+            fits=fits,
+            verdict=verdict if host_why is None and not refused else DOES_NOT_FIT,
+            change=change,
+            speed=speed,
+            why=why,
+            offloads=bool(est.host_gib),
+            host_ram_gib=host_ram_gib,
+            refused=refused,
+        )
         out.append(row)
 
     full_or_freeze = base.finetuning_type in ("full", "freeze")

@@ -37,6 +37,7 @@ from typing import Any
 
 from ftlaunch.errors import ConfigError
 from ftlaunch.plan.memory.peak import GIB, peak_from_tensors
+from ftlaunch.plan.memory.prediction import Verdict
 from ftlaunch.plan.memory.setup import TrainSetup, setup_from_config
 
 __all__ = ["SimResult", "unsupported", "run_child", "simulate", "main"]
@@ -160,10 +161,10 @@ def simulate_plan(plan: Any, model_config: str | None = None, *, python: str | N
     overhead the formulas add; beside them the formula's figures. What cannot be simulated (QLoRA,
     flash-attention, DeepSpeed, 8-bit optimizers) is listed and the formula stands alone.
     """
-    mem = dict(plan.memory or {})
+    mem = plan.memory
     out: dict[str, Any] = {
-        "formula_tensors_gib": mem.get("tensors_gib"),
-        "formula_peak_gib": mem.get("peak_gib"),
+        "formula_tensors_gib": mem.estimate.tensors_gib if mem else None,
+        "formula_peak_gib": mem.peak_gib if mem else None,
     }
     # kernels that replace transformers' modules (and their memory) are not in the simulator
     kernels = [k for k in ("enable_liger_kernel", "use_unsloth", "use_unsloth_gc") if plan.config.get(k)]
@@ -177,7 +178,7 @@ def simulate_plan(plan: Any, model_config: str | None = None, *, python: str | N
     setup = setup_from_config(
         dict(plan.config),
         world_size=plan.world_size,
-        default_optim=str(mem.get("optimizer") or "adamw_torch"),
+        default_optim=(mem.optimizer if mem else "") or "adamw_torch",
     )
     res = run_child(cfg, setup, python=python)
     out.update(res.to_dict())
@@ -189,20 +190,20 @@ def simulate_plan(plan: Any, model_config: str | None = None, *, python: str | N
 
 def simulation_wanted(plan: Any, simulate: bool | None) -> bool:
     """`train` simulates when asked, or by itself when the verdict is tight (None). Pure."""
-    return simulate is True or (simulate is None and (plan.memory or {}).get("verdict") == "tight")
+    return simulate is True or (simulate is None and plan.memory is not None and plan.memory.verdict is Verdict.TIGHT)
 
 
 def with_simulation(plan: Any, sim: Mapping[str, Any]) -> Any:
     """The plan with the simulator's result in its memory (plan.json) and, when the simulated peak
     exceeds the card, a warning (the OOM ladder stands by). Pure."""
     warnings = list(plan.warnings)
-    capacity = (plan.memory or {}).get("capacity_gib")
+    capacity = plan.memory.capacity_gib if plan.memory else None
     if sim.get("simulated_peak_gib") and capacity and sim["simulated_peak_gib"] > capacity:
         warnings.append(
             f"the simulator puts the peak at {sim['simulated_peak_gib']:.2f} GiB, above the card's {capacity:.2f} GiB: "
             "expect an OOM; recovery will step the micro-batch down (global batch kept)"
         )
-    return replace(plan, memory={**(plan.memory or {}), "simulated": dict(sim)}, warnings=tuple(warnings))
+    return replace(plan, simulated=dict(sim), warnings=tuple(warnings))
 
 
 def simulation_line(sim: dict[str, Any]) -> str:
