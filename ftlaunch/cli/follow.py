@@ -19,11 +19,10 @@ FOLLOW_TAIL_LINES = 20
 
 def follow_and_exit(run_dir: Path, tail_lines: int | None = None) -> None:
     """Follow to the end, then exit like `status`: 0 succeeded, 1 failed/stopped, 11 still running."""
-    from ftlaunch.run.state import RunStatus
     from ftlaunch.run.view import run_view
 
     follow_log(run_dir, tail_lines=tail_lines)
-    sys.exit(RunStatus(run_view(run_dir)["status"]).exit_code())
+    sys.exit(run_view(run_dir).status.exit_code())
 
 
 def tail_offset(f: BinaryIO, lines: int, block: int = 8192) -> int:
@@ -41,7 +40,6 @@ def tail_offset(f: BinaryIO, lines: int, block: int = 8192) -> int:
 
 def follow_log(run_dir: Path, tail_lines: int | None = None, poll: float = 0.3) -> None:
     """Print the log (all of it, or its last `tail_lines` lines), then follow until the run ends."""
-    from ftlaunch.run.state import RunStatus
     from ftlaunch.run.store import RunFolder
     from ftlaunch.run.view import run_view
 
@@ -57,7 +55,7 @@ def follow_log(run_dir: Path, tail_lines: int | None = None, poll: float = 0.3) 
                     sys.stdout.buffer.flush()
                     quiet_since = None
                     continue
-                status = RunStatus(run_view(run_dir)["status"])
+                status = run_view(run_dir).status
                 if status.is_terminal():
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since > 1.0:

@@ -17,6 +17,7 @@ from ftlaunch.plan.tables import Bar, Cell, Col, Grid, kv_table
 
 if TYPE_CHECKING:
     from ftlaunch.plan.planner import Plan
+    from ftlaunch.run.view import RunView
 
 
 def _isatty(stream: IO[str]) -> bool:
@@ -68,7 +69,7 @@ def plan_json(p: Plan, simulated: dict[str, Any] | None = None) -> dict[str, Any
     return d
 
 
-def runs_table(rows: list[dict[str, Any]]) -> Grid:
+def runs_table(rows: list[RunView]) -> Grid:
     """`ftlaunch runs`: ids, names (what commands take), progress and numbers whole; output_dir wraps
     at its slashes; too narrow for that, one block per run."""
     t = Grid(
@@ -77,17 +78,17 @@ def runs_table(rows: list[dict[str, Any]]) -> Grid:
         title=f"{len(rows)} run(s)",
     )
     for r in rows:
-        prog = f"{r.get('step')}/{r.get('total_steps')}" if r.get("total_steps") else "-"
-        loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), (int, float)) else "-"
+        prog = f"{r.step}/{r.total_steps}" if r.total_steps else "-"
+        loss = f"{r.loss:.4f}" if isinstance(r.loss, (int, float)) else "-"
         t.add_row(
-            r["id"],
-            str(r.get("name") or "-"),
-            r["status"],
-            str(r.get("attempt") or "-"),
+            r.id,
+            str(r.name or "-"),
+            r.status.value,
+            str(r.attempt or "-"),
             prog,
             loss,
-            str(r.get("created") or "-")[5:16].replace("T", " ") or "-",  # MM-DD HH:MM
-            str(r.get("output_dir") or "-"),
+            str(r.created or "-")[5:16].replace("T", " ") or "-",  # MM-DD HH:MM
+            str(r.output_dir or "-"),
         )
     return t
 
@@ -102,50 +103,55 @@ def fmt_seconds(s: float | None) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
 
 
-STATUS_ROWS = (
-    ("attempt", "attempt"),
-    ("loss", "loss"),
-    ("tokens_per_second", "tokens/s"),
-    ("gpu_hours", "GPU-hours so far"),
-    ("gpu_hours_projected", "GPU-hours projected"),
-    ("steps_per_second", "steps/s"),
-    ("micro_batch", "micro-batch"),
-    ("accumulation", "accumulation"),
-    ("last_checkpoint", "last checkpoint"),
-    ("health", "health"),
-    ("gpu_memory_gib", "GPU memory GiB"),
-    ("predicted_peak_gib", "GPU peak GiB predicted"),
-    ("observed_peak_gib", "GPU peak GiB observed"),
-    ("output_dir", "output_dir"),
-    ("run_dir", "run_dir"),
-    ("environment_changed", "environment"),
-    ("message", "message"),
-)
-
-
 STATUS_PATHS = {"output_dir", "run_dir"}  # wrap at their slashes; every other value is prose (tokens whole)
 
 
-def status_table(v: dict[str, Any]) -> Grid:
-    """`ftlaunch status`: one run's view (ftlaunch.run.view.run_view) as a two-column table."""
+def _status_rows(v: RunView) -> tuple[tuple[str, Any], ...]:
+    """The rows of `status` under its progress bar, in order: label and value (None: not shown)."""
+    return (
+        ("attempt", v.attempt),
+        ("loss", v.loss),
+        ("tokens/s", v.cost.tokens_per_second),
+        ("GPU-hours so far", v.cost.gpu_hours),
+        ("GPU-hours projected", v.cost.gpu_hours_projected),
+        ("steps/s", v.steps_per_second),
+        ("micro-batch", v.micro_batch),
+        ("accumulation", v.accumulation),
+        ("last checkpoint", v.last_checkpoint),
+        ("health", v.health),
+        ("GPU memory GiB", v.gpu_memory_gib),
+        ("GPU peak GiB predicted", v.predicted_peak_gib),
+        ("GPU peak GiB observed", v.observed_peak_gib),
+        ("output_dir", v.output_dir),
+        ("run_dir", v.run_dir),
+        ("environment", v.environment_changed),
+        ("message", v.message),
+    )
+
+
+def status_table(v: RunView) -> Grid:
+    """`ftlaunch status`: one run's view (ftlaunch.run.view.RunView) as a two-column table."""
+    from ftlaunch.run.procs import Liveness
+    from ftlaunch.run.state import RunStatus
+
     rows: list[tuple[str, str | Cell | Bar]] = []
-    if v.get("total_steps"):
-        step = v.get("step") or 0
-        rows.append(("progress", Bar(completed=step, total=v["total_steps"])))
-        rows.append(("step", Cell(f"{step}/{v['total_steps']} ({100 * step / v['total_steps']:.0f}%)", "word")))
-    for key, label in STATUS_ROWS:
-        if v.get(key) is not None:
-            val = v[key]
+    if v.total_steps:
+        step = v.step or 0
+        rows.append(("progress", Bar(completed=step, total=v.total_steps)))
+        rows.append(("step", Cell(f"{step}/{v.total_steps} ({100 * step / v.total_steps:.0f}%)", "word")))
+    for label, val in _status_rows(v):
+        if val is not None:
             text = f"{val:.4g}" if isinstance(val, float) else str(val)
-            rows.append((label, Cell(text, "path") if key in STATUS_PATHS else text))
-    if v.get("supervisor_alive") == "alive":
-        rows.append(("supervisor pid", f"{v['pid']} (trainer {v.get('trainer_pid') or '-'})"))
-    if v["status"] in ("running", "recovering", "starting"):
-        rows.append(("ETA", fmt_seconds(v.get("eta_seconds"))))
-    if v.get("seconds_since_progress") is not None:
-        allowance = v.get("stall_timeout_seconds")
-        limit = f" of {fmt_seconds(allowance)} allowed ({v.get('stall_timeout_why')})" if allowance else ""
-        rows.append(("last progress", f"{fmt_seconds(v['seconds_since_progress'])} ago, {v.get('stall_phase')}{limit}"))
-    if v.get("no_progress_attempts"):
-        rows.append(("attempts without a new checkpoint", str(v["no_progress_attempts"])))
-    return kv_table(f"run {v['id']} ({v.get('name')}): {v['status']}", rows)
+            rows.append((label, Cell(text, "path") if label in STATUS_PATHS else text))
+    if v.supervisor_alive is Liveness.ALIVE:
+        rows.append(("supervisor pid", f"{v.pid} (trainer {v.trainer_pid or '-'})"))
+    if v.status in (RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.STARTING):
+        rows.append(("ETA", fmt_seconds(v.eta_seconds)))
+    stall = v.stall
+    if stall.seconds_since_progress is not None:
+        allowance = stall.timeout_seconds
+        limit = f" of {fmt_seconds(allowance)} allowed ({stall.timeout_why})" if allowance else ""
+        rows.append(("last progress", f"{fmt_seconds(stall.seconds_since_progress)} ago, {stall.phase}{limit}"))
+    if stall.no_progress_attempts:
+        rows.append(("attempts without a new checkpoint", str(stall.no_progress_attempts)))
+    return kv_table(f"run {v.id} ({v.name}): {v.status.value}", rows)

@@ -211,7 +211,7 @@ def runs(as_json: bool) -> None:
 
     rows = all_runs(env_now())
     if as_json:
-        echo_json(rows)
+        echo_json([r.to_json() for r in rows])
         return
     console.print(runs_table(rows))
 
@@ -227,16 +227,15 @@ def status(run: str | None, as_json: bool) -> None:
       ftlaunch status
       ftlaunch status nightly --json
     """
-    from ftlaunch.run.state import RunStatus
     from ftlaunch.run.store import find_run
     from ftlaunch.run.view import run_view
 
     view = run_view(find_run(env_now(), run))
     if as_json:
-        echo_json(view)
+        echo_json(view.to_json())
     else:
         console.print(status_table(view))
-    sys.exit(RunStatus(view["status"]).exit_code())
+    sys.exit(view.status.exit_code())
 
 
 @click.command()

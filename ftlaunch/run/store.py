@@ -396,8 +396,8 @@ def _started_list(run_dirs: list[Path]) -> str:
         except FtlaunchError:
             out.append(f"  - {p.name}  state unreadable")
             continue
-        started = (v["created"] or "?")[:19].replace("T", " ")
-        out.append(f"  - {p.name}  {v['status']}, started {started} UTC, output_dir {v['output_dir']}")
+        started = (v.created or "?")[:19].replace("T", " ")
+        out.append(f"  - {p.name}  {v.status.value}, started {started} UTC, output_dir {v.output_dir}")
     return "\n".join(out)
 
 

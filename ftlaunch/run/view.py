@@ -1,5 +1,6 @@
 """A run as `status` and `runs` show it: liveness decides running vs lost (failing closed), Slurm
 decides for a Slurm run, plus progress, ETA, GPU memory in use and cost from the run's own records.
+``RunView`` is that value; ``to_json`` is `status --json` and a row of `runs --json`.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,142 @@ from ftlaunch.errors import StateError
 from ftlaunch.probe.usage import gpu_memory_of
 from ftlaunch.run import progress as prog
 from ftlaunch.run.procs import Liveness, liveness
-from ftlaunch.run.state import RunState, RunStatus
+from ftlaunch.run.state import FailureKind, RunState, RunStatus
 from ftlaunch.run.store import RunFolder, read_events, read_state
 
 
-def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StallView:
+    """The stall watchdog as `status` shows it: seconds since the last progress and the allowance in
+    force (with where it comes from) while the run is live; the restart brake's count always."""
+
+    seconds_since_progress: float | None = None
+    phase: str | None = None
+    timeout_seconds: float | None = None
+    timeout_why: str | None = None
+    load_seconds: float | None = None
+    no_progress_attempts: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seconds_since_progress": self.seconds_since_progress,
+            "stall_phase": self.phase,
+            "stall_timeout_seconds": self.timeout_seconds,
+            "stall_timeout_why": self.timeout_why,
+            "load_seconds": self.load_seconds,
+            "no_progress_attempts": self.no_progress_attempts,
+        }
+
+
+@dataclass(frozen=True)
+class CostView:
+    """tokens/s of this attempt and GPU-hours so far / projected, from the run's own records."""
+
+    tokens_per_second: float | None = None
+    wall_seconds: float = 0.0
+    gpu_hours: float = 0.0
+    gpu_hours_projected: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tokens_per_second": self.tokens_per_second,
+            "wall_seconds": self.wall_seconds,
+            "gpu_hours": self.gpu_hours,
+            "gpu_hours_projected": self.gpu_hours_projected,
+        }
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run as `status` and `runs` show it. ``status`` is the one that holds now (a dead
+    supervisor's run is lost; Slurm decides for a Slurm run), not necessarily the recorded one.
+    A run whose state cannot be read has status unreadable and only its id, run_dir and why."""
+
+    id: str
+    status: RunStatus
+    run_dir: str
+    name: str | None = None
+    attempt: int | None = None
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    lr: float | None = None
+    throughput: float | None = None
+    steps_per_second: float | None = None
+    eta_seconds: float | None = None
+    micro_batch: int | None = None
+    accumulation: int | None = None
+    pid: int | None = None
+    supervisor_alive: Liveness = Liveness.UNKNOWN
+    trainer_pid: int | None = None
+    trainer_alive: Liveness = Liveness.UNKNOWN
+    output_dir: str | None = None
+    created: str | None = None
+    exit_code: int | None = None
+    failure_kind: FailureKind | None = None
+    message: str | None = None
+    last_message: str | None = None  # the recorded message, where ``message`` says otherwise (lost)
+    last_checkpoint: int | None = None
+    # numeric health of the current attempt (finite/spiky/diverged) and the last divergence seen
+    health: str | None = None
+    diverged: Mapping[str, Any] | None = None
+    gpu_memory_gib: float | None = None
+    predicted_peak_gib: float | None = None
+    observed_peak_gib: float | None = None
+    slurm_job_id: str | None = None
+    slurm_state: str | None = None
+    environment_changed: str | None = None
+    stall: StallView = field(default_factory=StallView)
+    cost: CostView = field(default_factory=CostView)
+
+    @classmethod
+    def unreadable(cls, run_dir: Path, message: str) -> RunView:
+        return cls(id=run_dir.name, status=RunStatus.UNREADABLE, run_dir=str(run_dir), message=message)
+
+    def to_json(self) -> dict[str, Any]:
+        """`status --json`, and one row of `runs --json`."""
+        if self.status is RunStatus.UNREADABLE:
+            return {"id": self.id, "status": self.status.value, "message": self.message, "run_dir": self.run_dir}
+        return {
+            "id": self.id,
+            "name": self.name,
+            "status": self.status.value,
+            "attempt": self.attempt,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "loss": self.loss,
+            "lr": self.lr,
+            "throughput": self.throughput,
+            "steps_per_second": self.steps_per_second,
+            "eta_seconds": self.eta_seconds,
+            "micro_batch": self.micro_batch,
+            "accumulation": self.accumulation,
+            "pid": self.pid,
+            "supervisor_alive": self.supervisor_alive.value,
+            "trainer_pid": self.trainer_pid,
+            "trainer_alive": self.trainer_alive.value,
+            "output_dir": self.output_dir,
+            "run_dir": self.run_dir,
+            "created": self.created,
+            "exit_code": self.exit_code,
+            "failure_kind": self.failure_kind.value if self.failure_kind else None,
+            "message": self.message,
+            "last_message": self.last_message,
+            "last_checkpoint": self.last_checkpoint,
+            "health": self.health,
+            "diverged": self.diverged,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "predicted_peak_gib": self.predicted_peak_gib,
+            "observed_peak_gib": self.observed_peak_gib,
+            "slurm_job_id": self.slurm_job_id,
+            "slurm_state": self.slurm_state,
+            "environment_changed": self.environment_changed,
+            **self.stall.to_json(),
+            **self.cost.to_json(),
+        }
+
+
+def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | None = None) -> RunView:
     """One run as `status --json` shows it. Liveness decides running vs lost (fails closed); for a
     Slurm run, Slurm decides (its supervisor runs on another host: queued, starting, or the state)."""
     state = read_state(run_dir)
@@ -46,44 +179,43 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
     if status is RunStatus.LOST and state.status is not RunStatus.LOST:
         # The recorded message is the dead supervisor's last word ("retrying..."): it no longer holds.
         message = lost_message(state, run_dir.name, trainer_live)
-    return {
-        "id": state.id or run_dir.name,
-        "name": state.name,
-        "status": status.value,
-        "attempt": state.attempt,
-        "step": step,
-        "total_steps": total,
-        "loss": p.get("loss"),
-        "lr": p.get("lr"),
-        "throughput": p.get("throughput"),
-        "steps_per_second": rate,
-        "eta_seconds": None if eta is None else round(eta, 1),
-        "micro_batch": state.micro_batch,
-        "accumulation": state.accumulation,
-        "pid": state.pid,
-        "supervisor_alive": live.value,
-        "trainer_pid": state.trainer_pid,
-        "trainer_alive": trainer_live.value,
-        "output_dir": state.output_dir,
-        "run_dir": str(run_dir),
-        "created": state.created,
-        "exit_code": state.exit_code,
-        "failure_kind": state.failure_kind,
-        "message": message,
-        "last_message": state.message if message != state.message else None,
-        "last_checkpoint": state.last_checkpoint,
-        # numeric health of the current attempt (finite/spiky/diverged) and the last divergence seen
-        "health": (state.health or {}).get("health"),
-        "diverged": state.diverged,
-        "gpu_memory_gib": gpu_gib,
-        "predicted_peak_gib": state.predicted_peak_gib,
-        "observed_peak_gib": state.observed_peak_gib,
-        "slurm_job_id": state.slurm_job_id,
-        "slurm_state": slurm_state,
-        "environment_changed": env_changed_line(state),
-        **stall_view(state, now if now is not None else time.time(), live_run),
-        **cost,
-    }
+    return RunView(
+        id=state.id or run_dir.name,
+        name=state.name,
+        status=status,
+        attempt=state.attempt,
+        step=step,
+        total_steps=total,
+        loss=p.get("loss"),
+        lr=p.get("lr"),
+        throughput=p.get("throughput"),
+        steps_per_second=rate,
+        eta_seconds=None if eta is None else round(eta, 1),
+        micro_batch=state.micro_batch,
+        accumulation=state.accumulation,
+        pid=state.pid,
+        supervisor_alive=live,
+        trainer_pid=state.trainer_pid,
+        trainer_alive=trainer_live,
+        output_dir=state.output_dir,
+        run_dir=str(run_dir),
+        created=state.created,
+        exit_code=state.exit_code,
+        failure_kind=state.failure_kind,
+        message=message,
+        last_message=state.message if message != state.message else None,
+        last_checkpoint=state.last_checkpoint,
+        health=(state.health or {}).get("health"),
+        diverged=state.diverged,
+        gpu_memory_gib=gpu_gib,
+        predicted_peak_gib=state.predicted_peak_gib,
+        observed_peak_gib=state.observed_peak_gib,
+        slurm_job_id=state.slurm_job_id,
+        slurm_state=slurm_state,
+        environment_changed=env_changed_line(state),
+        stall=stall_view(state, now if now is not None else time.time(), live_run),
+        cost=cost,
+    )
 
 
 def lost_message(state: RunState, run_id: str, trainer_live: Liveness) -> str:
@@ -115,20 +247,19 @@ def env_changed_line(state: RunState) -> str | None:
     return f"environment changed at attempt {changed.get('attempt')}{since} ({changed.get('changes')}){how}"
 
 
-def stall_view(state: RunState, now: float, live: bool) -> dict[str, Any]:
-    """The stall watchdog as `status` shows it: seconds since the last progress and the allowance in
-    force (with where it comes from) while the run is live; the restart brake's count always."""
+def stall_view(state: RunState, now: float, live: bool) -> StallView:
+    """The stall watchdog's record in the state as `status` shows it (``live``: the run is live)."""
     stall = state.stall or {}
     at = stall.get("last_progress_at")
     idle = round(max(0.0, now - float(at)), 1) if live and at is not None else None
-    return {
-        "seconds_since_progress": idle,
-        "stall_phase": stall.get("phase") if live else None,
-        "stall_timeout_seconds": stall.get("allowance_s") if live else None,
-        "stall_timeout_why": stall.get("why") if live else None,
-        "load_seconds": stall.get("load_s"),
-        "no_progress_attempts": state.no_progress_attempts,
-    }
+    return StallView(
+        seconds_since_progress=idle,
+        phase=stall.get("phase") if live else None,
+        timeout_seconds=stall.get("allowance_s") if live else None,
+        timeout_why=stall.get("why") if live else None,
+        load_seconds=stall.get("load_s"),
+        no_progress_attempts=state.no_progress_attempts,
+    )
 
 
 def _slurm_status(job_id: str, recorded: RunStatus, env: Mapping[str, str]) -> tuple[RunStatus, str | None]:
@@ -152,7 +283,7 @@ def _slurm_status(job_id: str, recorded: RunStatus, env: Mapping[str, str]) -> t
     return RunStatus.LOST, job_state
 
 
-def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, now) -> dict[str, Any]:
+def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, now) -> CostView:
     """tokens/s of this attempt and GPU-hours so far / projected, from the run's own records."""
     from ftlaunch.run import accounting as acc
 
@@ -169,12 +300,12 @@ def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, 
     if live and (out_dir / "trainer_log.jsonl").exists():
         records = prog.parse_trainer_log((out_dir / "trainer_log.jsonl").read_text(errors="replace"))
         tokens_per_second = acc.recent_rates(records).get("tokens_per_second")
-    return {
-        "tokens_per_second": tokens_per_second,
-        "wall_seconds": round(busy, 1),
-        "gpu_hours": round(so_far, 4),
-        "gpu_hours_projected": None if left is None else round(so_far + left * gpus, 4),
-    }
+    return CostView(
+        tokens_per_second=tokens_per_second,
+        wall_seconds=round(busy, 1),
+        gpu_hours=round(so_far, 4),
+        gpu_hours_projected=None if left is None else round(so_far + left * gpus, 4),
+    )
 
 
 def _last_sign_of_life(run_dir: Path, state: RunState) -> float | None:
@@ -202,14 +333,14 @@ def _process_tree(pid: int) -> set[int]:
         return {pid}
 
 
-def all_runs(env: Mapping[str, str]) -> list[dict[str, Any]]:
+def all_runs(env: Mapping[str, str]) -> list[RunView]:
+    """Every run; one whose state cannot be read says so (status unreadable)."""
     from ftlaunch.run.store import list_runs
 
-    out = []
+    out: list[RunView] = []
     for run_dir in list_runs(env):
         try:
             out.append(run_view(run_dir))
         except StateError as exc:
-            row = {"id": run_dir.name, "status": RunStatus.UNREADABLE.value, "message": exc.message}
-            out.append({**row, "run_dir": str(run_dir)})
+            out.append(RunView.unreadable(run_dir, exc.message))
     return out

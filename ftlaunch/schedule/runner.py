@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftlaunch.errors import BusyError, ConfigError, FtlaunchError
 from ftlaunch.schedule.notify import Notifier, Summary, notify, redact_target
@@ -27,6 +27,9 @@ from ftlaunch.schedule.records import (
     update_record,
 )
 from ftlaunch.schedule.versions import base_output_dir, content_hash, prune, set_latest, version_name
+
+if TYPE_CHECKING:
+    from ftlaunch.run.view import RunView
 
 
 @dataclass(frozen=True)
@@ -150,8 +153,8 @@ def _run_locked(
     assert run_dir is not None and vdir is not None
     run_id = run_dir.name
     view = run_view(run_dir)
-    status = EntryStatus.of_run(view["status"])
-    message = str(view.get("message") or status)
+    status = EntryStatus.of_run(view.status.value)
+    message = str(view.message or status)
     notes: list[str] = []
     if code == 0:
         try:
@@ -187,10 +190,10 @@ def _run_locked(
     return ScheduleRun(status, code, message, run_id, str(vdir), s, err)
 
 
-def _final_loss(view: Mapping[str, Any], vdir: Path) -> float | None:
+def _final_loss(view: RunView, vdir: Path) -> float | None:
     """The last logged loss; else the trainer's own train_results.json."""
-    if isinstance(view.get("loss"), (int, float)):
-        return float(view["loss"])
+    if isinstance(view.loss, (int, float)):
+        return float(view.loss)
     try:
         value = json.loads((vdir / "train_results.json").read_text()).get("train_loss")
     except (OSError, json.JSONDecodeError, AttributeError):

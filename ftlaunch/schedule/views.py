@@ -55,7 +55,7 @@ def list_views(env: Mapping[str, str], now: datetime | None = None) -> list[dict
         v = schedule_view(rec, now)
         if v.get("result") == "running" and v.get("run_id"):
             try:
-                v["result"] = run_view(runs_root(env) / v["run_id"])["status"]
+                v["result"] = run_view(runs_root(env) / v["run_id"]).status.value
             except FtlaunchError:
                 v["result"] = "lost"
         out.append(v)

@@ -30,18 +30,22 @@ def render(renderable, width: int) -> str:
 
 
 def test_runs_table_never_cuts_an_id_at_any_width():
+    from ftlaunch.run.state import RunStatus
+    from ftlaunch.run.view import RunView
+
     rows = [
-        {
-            "id": i,
-            "name": "a-rather-long-run-name-for-a-table",
-            "status": "succeeded",
-            "attempt": 1,
-            "step": 48,
-            "total_steps": 48,
-            "loss": 1.2345,
-            "created": "2026-12-01T13:13:01+00:00",
-            "output_dir": "/home/someone/projects/finetune/saves/qwen2.5-1.5b/full/sft",
-        }
+        RunView(
+            id=i,
+            name="a-rather-long-run-name-for-a-table",
+            status=RunStatus.SUCCEEDED,
+            run_dir=f"/home/someone/.ftlaunch/runs/{i}",
+            attempt=1,
+            step=48,
+            total_steps=48,
+            loss=1.2345,
+            created="2026-12-01T13:13:01+00:00",
+            output_dir="/home/someone/projects/finetune/saves/qwen2.5-1.5b/full/sft",
+        )
         for i in RUN_IDS
     ]
     for width in (60, 80, 120):

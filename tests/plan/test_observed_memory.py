@@ -57,7 +57,7 @@ def test_observed_peak_is_recorded_beside_the_prediction_and_corrects_the_next_p
     from ftlaunch.run.view import run_view
 
     view = run_view(run_dir)
-    assert (view["predicted_peak_gib"], view["observed_peak_gib"]) == (predicted, round(seen, 3))
+    assert (view.predicted_peak_gib, view.observed_peak_gib) == (predicted, round(seen, 3))
     learned = recall(env, state.memory_key)["observed"]
     assert learned["observed_peak_gib"] == round(seen, 3) and learned["micro_batch"] == p.micro_batch
     _, again = make_plan(req, env)

@@ -243,9 +243,9 @@ def test_status_of_a_slurm_run_without_accounting_and_when_slurm_is_down(tmp_pat
         return {"PATH": f"{bindir}:/usr/bin:/bin"}
 
     gone = "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"
-    assert run_view(run_dir, env=commands(gone, gone))["status"] == "lost"  # Slurm forgot it, no final status
+    assert run_view(run_dir, env=commands(gone, gone)).status == "lost"  # Slurm forgot it, no final status
     running = commands("echo RUNNING", "echo JobState=RUNNING Restarts=0")
-    assert run_view(run_dir, env=running)["slurm_state"] == "RUNNING"
+    assert run_view(run_dir, env=running).slurm_state == "RUNNING"
     down = commands("echo 'Unable to contact slurm controller' >&2; exit 1", "exit 1")
     v = run_view(run_dir, env=down)
-    assert (v["status"], v["slurm_state"]) == ("running", None)  # no answer: as recorded (fail closed)
+    assert (v.status, v.slurm_state) == ("running", None)  # no answer: as recorded (fail closed)

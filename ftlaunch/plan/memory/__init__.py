@@ -2,8 +2,10 @@
 
 Owns: the training setup read from a config (setup), the model states per GPU (states), the
 activations of one micro-batch (activations), the step's peak (peak: ``estimate``), the verdict
-and micro-batch choice (choose), the planner's memory callback (adapt), what worked before per
-config and card (store: a small JSON file under the ftlaunch home) and the simulator with its
+and micro-batch choice (choose), the answer as values with plan.json's shape (prediction:
+``MemoryPrediction``, ``Verdict``, ``Alternative``), the planner's memory callback (adapt), what
+worked before per config and card (store: a small JSON file under the ftlaunch home) and the
+simulator with its
 child process ``python -m ftlaunch.plan.memory.simulate`` (simulate: the only module that imports
 torch, and only in that child).
 
