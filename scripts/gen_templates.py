@@ -61,9 +61,7 @@ def render(name: str, card: str, model_config: str) -> str:
         notes.append("# trainer env: " + " ".join(f"{k}={v}" for k, v in sorted(p.env.items())))
     if p.memory:
         m = p.memory
-        notes.append(
-            f"# predicted peak {m.peak_gib:.1f} GiB of {m.capacity_gib:.0f} GiB ({m.headroom:.0%} headroom)"
-        )
+        notes.append(f"# predicted peak {m.peak_gib:.1f} GiB of {m.capacity_gib:.0f} GiB ({m.headroom:.0%} headroom)")
     for c in p.changes:
         new = "(removed)" if c.new == REMOVED else c.new
         notes.append(f"# {c.key}: {c.old} -> {new}: {c.reason}")

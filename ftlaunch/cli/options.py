@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,11 @@ import click
 def env_now() -> dict[str, str]:
     """The environment is input, read in one place, at call time."""
     return dict(os.environ)
+
+
+def stderr_is_tty() -> bool:
+    """Whether progress bars may be drawn: asked here, at the edge, and passed in."""
+    return sys.stderr.isatty()
 
 
 def target_options(f: Callable[..., Any]) -> Callable[..., Any]:

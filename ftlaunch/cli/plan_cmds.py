@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ftlaunch.cli.options import env_now, plan_options
+from ftlaunch.cli.options import env_now, plan_options, stderr_is_tty
 from ftlaunch.cli.render import console, echo_json, err_console, plan_json
 from ftlaunch.errors import DoesNotFitError
 
@@ -48,7 +48,7 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
     from ftlaunch.run.options import RunOptions
     from ftlaunch.run.prepare import make_plan
 
-    req = RunOptions.from_kwargs(kw).plan_request(config, overrides, strict=False)
+    req = RunOptions.from_kwargs(kw).plan_request(config, overrides, strict=False, progress=stderr_is_tty())
     try:
         _, p = make_plan(req, env_now())
     except DoesNotFitError as exc:

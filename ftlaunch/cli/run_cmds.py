@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ftlaunch.cli.follow import FOLLOW_TAIL_LINES, follow_and_exit, follow_log
-from ftlaunch.cli.options import env_now, run_options
+from ftlaunch.cli.options import env_now, run_options, stderr_is_tty
 from ftlaunch.cli.render import console, echo_json, err_console, runs_table, status_table
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def train(
         )
 
     started = start_run(
-        opts.plan_request(config, overrides, strict=True),
+        opts.plan_request(config, overrides, strict=True, progress=stderr_is_tty()),
         env_now(),
         opts.supervisor_settings(),
         existing=Existing(existing or "refuse"),

@@ -66,7 +66,13 @@ class RunOptions(PlanSettings):
         return replace(self, hardware_file=ab(self.hardware_file), model_config=ab(self.model_config))
 
     def plan_request(
-        self, config: str, overrides: tuple[str, ...], *, strict: bool, cwd: str | None = None
+        self,
+        config: str,
+        overrides: tuple[str, ...],
+        *,
+        strict: bool,
+        cwd: str | None = None,
+        progress: bool = False,
     ) -> PlanRequest:
         """The planner's request: `strict` is train (missing files are errors, weights downloaded)."""
         shared = {f.name: getattr(self, f.name) for f in fields(PlanSettings)}
@@ -76,6 +82,7 @@ class RunOptions(PlanSettings):
             download_weights=strict and self.mirror is not None,
             strict_files=strict,
             cwd=cwd,
+            progress=progress,
             **shared,
         )
 

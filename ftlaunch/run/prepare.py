@@ -6,7 +6,6 @@ id and the config key are made here, once, and the plan it returns is final (``p
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -55,6 +54,7 @@ class PlanRequest(PlanSettings):
     strict_files: bool = False  # train: a missing dataset is an error, plan: a warning
     download_weights: bool = False  # train: the whole snapshot; plan: config.json only
     cwd: str | None = None
+    progress: bool = False  # download progress bars: the CLI's answer to "is stderr a terminal?"
 
 
 def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path = ".") -> Hardware:
@@ -127,13 +127,13 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     hub_id = values.get("model_name_or_path")
     if req.mirror and is_repo_id(hub_id, cwd=Path.cwd()):
         fetched = prefetch_model(
-            str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=sys.stderr.isatty()
+            str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=req.progress
         )
     datasets = run_dir = None
     if req.mirror and req.download_weights:  # train: hub datasets too, so the offline trainer finds them
         from ftlaunch.hub.datasets import prefetch_datasets
 
-        datasets = prefetch_datasets(values, req.mirror, env, cwd=loaded.base_dir, progress=sys.stderr.isatty())
+        datasets = prefetch_datasets(values, req.mirror, env, cwd=loaded.base_dir, progress=req.progress)
         run_dir = runs_root(env) / run_id
     hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
     model_config = req.model_config
