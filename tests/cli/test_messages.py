@@ -3,6 +3,7 @@ did, through the command line, and reads the message, the hint and the exit code
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -61,11 +63,14 @@ def test_a_lost_run_says_it_is_lost_and_that_resume_continues_it(tmp_path):
 
     def attempt_two_running() -> dict | None:
         st = json.loads(state_path.read_text())
-        return st if st.get("attempt") == 2 and st.get("trainer_pid") and "retrying" in (st["message"] or "") else None
+        ok = st.get("attempt") == 2 and st.get("trainer_pid") and "retrying" in (st["message"] or "")
+        # attempt 2's own trainer: until it starts, state may still name attempt 1's (dead) one
+        return st if ok and psutil.pid_exists(st["trainer_pid"]) else None
 
     st = wait_for(attempt_two_running)
     for pid in (st["pid"], st["trainer_pid"]):  # a reboot, in effect: nothing more is recorded
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # the trainer may die with its supervisor
+            os.kill(pid, signal.SIGKILL)
     wait_for(lambda: ftl("status", run["id"], "--json", env=env).returncode == 1)
 
     s = ftl("status", run["id"], "--json", env=env)
