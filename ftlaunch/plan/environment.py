@@ -253,21 +253,20 @@ def default_notes(config: Mapping[str, Any], versions: Mapping[str, str | None])
     attention kernel when ``flash_attn`` is auto (LLaMA-Factory leaves it to transformers)."""
     notes = []
     tf, torch = versions.get("transformers"), versions.get("torch")
+    rule = "transformers >= 4.54 uses adamw_torch_fused on torch >= 2.8, adamw_torch before"
     if not config.get("optim"):
         t, p = _version_tuple(tf), _version_tuple(torch)
-        if t is None or p is None:
-            default = "adamw_torch_fused (transformers >= 4.54 with torch >= 2.8) or adamw_torch"
+        if t is None or p is None:  # a what-if (--gpu, --hardware): the training machine's stack is unknown
+            said = f"the trainer's default decides ({rule}; this plan does not know the versions that will train)"
         else:
             default = "adamw_torch_fused" if t >= (4, 54) and p >= (2, 8) else "adamw_torch"
-        notes.append(
-            f"optim is not set: the trainer's default decides, {default} with transformers {tf or '?'} and "
-            f"torch {torch or '?'} (transformers >= 4.54 uses adamw_torch_fused on torch >= 2.8, adamw_torch "
-            "before); set optim to keep it across upgrades"
-        )
+            said = f"the trainer's default decides, {default} with transformers {tf} and torch {torch} ({rule})"
+        notes.append(f"optim is not set: {said}; set optim to keep it across upgrades")
     attn = str(config.get("flash_attn") or "auto").strip().lower()
     if attn == "auto":
+        who = f"transformers {tf}" if tf else "the trainer's transformers"
         notes.append(
-            f"flash_attn is auto: transformers {tf or '?'} picks the attention kernel when the model loads "
+            f"flash_attn is auto: {who} picks the attention kernel when the model loads "
             "(sdpa where the model supports it, else eager); set flash_attn (sdpa, fa2, disabled) to fix it"
         )
     return notes

@@ -103,3 +103,6 @@ def test_notes_say_which_default_the_versions_decide():
     assert len(old) == 1 and "optim is not set: the trainer's default decides, adamw_torch with" in old[0]
     assert "adamw_torch with" in default_notes({}, {"transformers": "4.55.0", "torch": "2.6.0+cu124"})[0]
     assert default_notes({"optim": "adamw_torch", "flash_attn": "fa2"}, {}) == []
+    unknown = default_notes({}, {})  # a what-if for another machine: no '?' where a version would be
+    assert "does not know the versions that will train" in unknown[0] and "?" not in " ".join(unknown)
+    assert "the trainer's transformers picks" in unknown[1]
