@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -83,7 +84,6 @@ def test_resume_after_pip_upgraded_a_deciding_package_in_the_trainer_venv(tmp_pa
     assert status["environment_changed"] == line
 
 
-@pytest.mark.bench  # pip downloads the whole trainer stack (torch with its CUDA wheels: GBs) without a cache
 def test_lock_of_the_tiny_demo_run_recreates_a_venv_that_runs_llamafactory(tiny, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "FTLAUNCH_LLAMAFACTORY_CLI"}
     env["PATH"] = f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}"
@@ -94,16 +94,19 @@ def test_lock_of_the_tiny_demo_run_recreates_a_venv_that_runs_llamafactory(tiny,
     assert ftl("env", "--lock", "tiny", "-o", str(lock), env=env).returncode == 0
     fresh = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", str(fresh)], check=True, timeout=300)
-    t0 = time.monotonic()
-    r = subprocess.run(
-        [str(fresh / "bin" / "python"), "-m", "pip", "install", "-q", "-r", str(lock)],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    print(f"pip install -r lock: {time.monotonic() - t0:.0f} s")
-    assert r.returncode == 0, r.stderr[-3000:]
-    v = subprocess.run(
-        [str(fresh / "bin" / "llamafactory-cli"), "version"], capture_output=True, text=True, timeout=300
-    )
-    assert v.returncode == 0 and "0.9" in v.stdout + v.stderr
+    try:  # ~6.6 GB (torch): pip's cache or the machine's wheel folders make it minutes (128 s here)
+        t0 = time.monotonic()
+        r = subprocess.run(
+            [str(fresh / "bin" / "python"), "-m", "pip", "install", "-q", "-r", str(lock)],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        print(f"pip install -r lock: {time.monotonic() - t0:.0f} s")
+        assert r.returncode == 0, r.stderr[-3000:]
+        v = subprocess.run(
+            [str(fresh / "bin" / "llamafactory-cli"), "version"], capture_output=True, text=True, timeout=300
+        )
+        assert v.returncode == 0 and "0.9" in v.stdout + v.stderr
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)  # never leave gigabytes in the test's temp folder
