@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftlaunch.plan.memory.setup import default_optimizer
+
 ENV_VERSION = 1
 
 # The packages whose version decides what training does: a resume across a change of one of them
@@ -240,13 +242,6 @@ def _index_hint(label: str) -> str:
 # ---------------------------------------------------------------- planning notes
 
 
-def _version_tuple(version: str | None) -> tuple[int, ...] | None:
-    if not version:
-        return None
-    nums = re.findall(r"\d+", version.split("+")[0])[:3]
-    return tuple(int(n) for n in nums) if nums else None
-
-
 def default_notes(config: Mapping[str, Any], versions: Mapping[str, str | None]) -> list[str]:
     """What the plan assumed of a default the installed versions decide: the optimizer when ``optim``
     is not set (transformers >= 4.54 with torch >= 2.8: adamw_torch_fused; else adamw_torch), and the
@@ -255,11 +250,10 @@ def default_notes(config: Mapping[str, Any], versions: Mapping[str, str | None])
     tf, torch = versions.get("transformers"), versions.get("torch")
     rule = "transformers >= 4.54 uses adamw_torch_fused on torch >= 2.8, adamw_torch before"
     if not config.get("optim"):
-        t, p = _version_tuple(tf), _version_tuple(torch)
-        if t is None or p is None:  # a what-if (--gpu, --hardware): the training machine's stack is unknown
+        if not (tf and torch):  # a what-if (--gpu, --hardware): the training machine's stack is unknown
             said = f"the trainer's default decides ({rule}; this plan does not know the versions that will train)"
         else:
-            default = "adamw_torch_fused" if t >= (4, 54) and p >= (2, 8) else "adamw_torch"
+            default = default_optimizer(tf, torch)
             said = f"the trainer's default decides, {default} with transformers {tf} and torch {torch} ({rule})"
         notes.append(f"optim is not set: {said}; set optim to keep it across upgrades")
     attn = str(config.get("flash_attn") or "auto").strip().lower()
