@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +53,7 @@ class CostView:
     gpu_hours_projected: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "tokens_per_second": self.tokens_per_second,
-            "wall_seconds": self.wall_seconds,
-            "gpu_hours": self.gpu_hours,
-            "gpu_hours_projected": self.gpu_hours_projected,
-        }
+        return asdict(self)  # the fields are the JSON keys, in order
 
 
 @dataclass(frozen=True)
