@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ftlaunch.errors import EnvChangedError, FtlaunchError, StateError
+from ftlaunch.errors import EnvChangedError, ExitCode, FtlaunchError, StateError
 from ftlaunch.files import now_iso, write_json_atomic
-from ftlaunch.plan.environment import EnvDiff, Environment, canonical, compare, diff_table
+from ftlaunch.plan.environment import EnvDiff, Environment, canonical, compare, diff_table, lock_text
 from ftlaunch.probe.hardware import load_pynvml
 from ftlaunch.run.state import RunState
 from ftlaunch.run.store import RunFolder, append_event, read_state, update_state
@@ -343,8 +343,6 @@ def refuse_resume(run_dir: Path, env: Mapping[str, str], state: RunState, checkp
 
 def last_recorded(run_dir: Path) -> Environment:
     """The environment the run last trained with; NOT_FOUND when it kept none."""
-    from ftlaunch.errors import ExitCode
-
     found = recorded(run_dir)
     if found is None:
         raise FtlaunchError(
@@ -357,8 +355,6 @@ def last_recorded(run_dir: Path) -> Environment:
 
 
 def lock_of_run(run_dir: Path) -> str:
-    from ftlaunch.plan.environment import lock_text
-
     e = last_recorded(run_dir)
     return lock_text(e, f"ftlaunch env --lock: run {run_dir.name}, attempt {e.attempt}, recorded {e.recorded}")
 
