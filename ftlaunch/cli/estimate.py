@@ -58,6 +58,7 @@ def estimate_cmd(
     prices: tuple[str, ...],
     source_gpus: int | None,
     global_batch: int | None,
+    keep_devices: bool | None,
     headroom: float,
     params: str | None,
     model_config: str | None,
@@ -94,7 +95,12 @@ def estimate_cmd(
     machines = [("gpu", g) for g in gpu] + [("hardware_file", h) for h in hardware_file]
     env = env_now()
     base = RunOptions(
-        source_gpus=source_gpus, global_batch=global_batch, headroom=headroom, params=params, model_config=model_config
+        source_gpus=source_gpus,
+        global_batch=global_batch,
+        keep_devices=bool(keep_devices),
+        headroom=headroom,
+        params=params,
+        model_config=model_config,
     )
     if len(machines) > 1:
         out = compare_machines(config, overrides, machines, base, price_table, env, _say)

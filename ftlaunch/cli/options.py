@@ -29,7 +29,7 @@ def stderr_is_tty() -> bool:
 
 
 def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """--gpu, --hardware, --source-gpus, --global-batch, --headroom, --params, --model-config."""
+    """--gpu, --hardware, --source-gpus, --global-batch, --keep-devices, --headroom, --params, --model-config."""
     return _target_options(f, many=False)
 
 
@@ -58,6 +58,13 @@ def _target_options(f: Callable[..., Any], many: bool) -> Callable[..., Any]:
         help="GPUs the config was written for (default 1); sets the source global batch.",
     )(f)
     f = click.option("--global-batch", type=click.IntRange(min=1), help="Source global batch, set directly.")(f)
+    f = click.option(
+        "--keep-devices",
+        is_flag=True,
+        default=None,
+        help="Use every GPU even when the global batch does not divide over them (the nearest batch, with a "
+        "warning); default: the most GPUs that keep it exactly.",
+    )(f)
     f = click.option(
         "--headroom",
         type=click.FloatRange(0.0, 0.9),

@@ -1,7 +1,8 @@
 """Batch arithmetic behind the planner's invariant: global batch = micro-batch x accumulation x world size.
 
 ``divisors_desc`` lists the micro-batches that keep a per-device batch exact (the planner, the memory
-chooser and the OOM ladder all step down through them); ``split_batch`` picks one. Pure.
+chooser and the OOM ladder all step down through them); ``split_batch`` picks one; ``devices_for`` is the
+largest device count over which a global batch divides exactly. Pure.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ def split_batch(per_device: int, preferred_micro: int) -> tuple[int, int]:
     """The largest micro-batch <= preferred that divides per_device, and the accumulation."""
     micro = next(d for d in divisors_desc(per_device) if d <= max(1, preferred_micro))
     return micro, per_device // micro
+
+
+def devices_for(global_batch: int, devices: int) -> int:
+    """The largest device count <= ``devices`` over which ``global_batch`` divides exactly (1 always does):
+    the planner runs that many processes rather than change the global batch."""
+    return next(d for d in range(max(1, min(devices, global_batch)), 0, -1) if global_batch % d == 0)
 
 
 def epoch_steps(rows: int, micro_batch: int, accumulation: int, world: int) -> tuple[int, int]:

@@ -4,8 +4,10 @@ Every decision is a ``Change(key, old, new, reason)``; rendering lives elsewhere
 plan.txt in ``ftlaunch.plan.render``, the terminal and ``--json`` in ``ftlaunch.cli.render``. What the
 shells found around planning (resolved paths, pre-downloaded model and datasets, the run it is for) is
 added once by ``ftlaunch.plan.prepared.final_plan``; nothing edits a Plan after that.
-Invariant kept: global batch = micro-batch x accumulation x world size (exactly where it divides,
-else the nearest achievable, said in the table). Learning rate, epochs and scheduler never change.
+Invariant kept: global batch = micro-batch x accumulation x world size, exactly: where the global
+batch does not divide over every GPU, the plan runs on the largest number of them it divides over
+(``CUDA_VISIBLE_DEVICES``/``NPROC_PER_NODE``, rows of the table); only ``keep_devices`` (``--keep-devices``)
+keeps every GPU with the nearest achievable batch, said in a warning. Learning rate, epochs and scheduler never change.
 LLaMA-Factory's own refusals (ZeRO-3, several processes, DeepSpeed, CUDA-only methods), the
 precision a DeepSpeed JSON fixes, the cards' kernels and the launch env of a world size are
 ``ftlaunch.plan.rules``: the planner applies them, it does not restate them.
@@ -19,7 +21,7 @@ from typing import Any
 
 from ftlaunch.errors import ConfigError, HardwareError
 from ftlaunch.plan import rules
-from ftlaunch.plan.batch import split_batch
+from ftlaunch.plan.batch import devices_for, split_batch
 from ftlaunch.plan.change import REMOVED, Change
 from ftlaunch.plan.environment import default_notes
 from ftlaunch.plan.flags import truthy
@@ -35,6 +37,8 @@ class PlanOptions:
     headroom: float = 0.12
     remembered_micro_batch: int | None = None  # what worked last time on this card (recovery)
     remembered_reason: str | None = None
+    # --keep-devices: every GPU, with the nearest achievable global batch, rather than fewer GPUs
+    keep_devices: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,13 +134,28 @@ class _Editor:
 @dataclass(frozen=True)
 class GlobalBatch:
     """The global batch a config asks for (``source``, and ``why``) and the one kept on the target
-    machine: ``per_device`` x world size = ``target``, equal to ``source`` where it divides."""
+    machine: ``per_device`` x ``world`` = ``target``. ``world`` is the device count that keeps
+    ``source`` exactly (fewer than offered where it does not divide over all of them), unless
+    ``--keep-devices``: then every device, and ``target`` the nearest achievable."""
 
     source: int
     why: str
     per_device: int
     target: int
     warning: str | None = None  # said when the target is only the nearest achievable
+    world: int = 1  # devices the batch is kept on (<= the world size offered)
+    offered: int = 1  # the world size offered
+
+    @property
+    def fewer_devices(self) -> str | None:
+        """Why the plan uses fewer devices than offered, or None."""
+        if self.world >= self.offered:
+            return None
+        return (
+            f"global batch {self.source} ({self.why}) does not divide over {self.offered} GPUs: "
+            f"{self.world} of them keep it exactly ({self.per_device} per device); "
+            "--keep-devices uses all with the nearest batch instead"
+        )
 
 
 def global_batch_for(
@@ -150,7 +169,11 @@ def global_batch_for(
     Source, first that applies: ``options.global_batch``; the global batch recorded in the ftlaunch
     header of an adapted config (``meta``: it wins over ``--source-gpus``, which would multiply an
     already adapted batch again); micro-batch x accumulation x the world size the config was written
-    for (``options.source_gpus``, else the header's world size, else 1)."""
+    for (``options.source_gpus``, else the header's world size, else 1).
+
+    Where the source does not divide over ``world_size`` devices, the result keeps it on the largest
+    device count it divides over (``world``); with ``options.keep_devices`` on all of them, with the
+    nearest achievable batch and a warning."""
     micro_src = int(values.get("per_device_train_batch_size", 8) or 8)
     accum_src = int(values.get("gradient_accumulation_steps", 1) or 1)
     recorded = (meta or {}).get("global_batch")
@@ -171,16 +194,23 @@ def global_batch_for(
         )
         g_source, why = micro_src * accum_src * source_world, f"{micro_src} x {accum_src} x {source_world} GPU(s)"
     per_device, rem = divmod(g_source, world_size)
-    if rem or per_device == 0:
+    if (rem or per_device == 0) and options.keep_devices:
         per_device = max(1, round(g_source / world_size))
         nearest = (
             f"global batch {g_source} does not divide over {world_size} GPUs; "
-            f"using {per_device * world_size}, the nearest achievable"
+            f"using {per_device * world_size}, the nearest achievable (--keep-devices)"
         )
         return GlobalBatch(
-            g_source, why, per_device, per_device * world_size, "; ".join(filter(None, [warning, nearest]))
+            g_source,
+            why,
+            per_device,
+            per_device * world_size,
+            "; ".join(filter(None, [warning, nearest])),
+            world_size,
+            world_size,
         )
-    return GlobalBatch(g_source, why, per_device, g_source, warning)
+    world = devices_for(g_source, world_size)
+    return GlobalBatch(g_source, why, g_source // world, g_source, warning, world, world_size)
 
 
 def _flags_for(label: str) -> dict[str, bool]:
@@ -308,6 +338,11 @@ def processes_for(values: Mapping[str, Any], hw: Hardware, *, zero3: bool) -> Pr
     return Processes(hw.world_size)
 
 
+def _offered_env(key: str, hw: Hardware) -> str | None:
+    """What a launch on every GPU of ``hw`` would have set for ``key`` (the "before" of a fewer-devices row)."""
+    return rules.launch_env(hw.gpu_count, gpus=hw.gpu_count, deepspeed=False).get(key)
+
+
 def plan(
     values: Mapping[str, Any],
     hardware: Hardware,
@@ -347,6 +382,12 @@ def plan(
                 f"torchrun instead, with the same global batch; to keep DeepSpeed: {rules.DEEPSPEED_PIP}"
             )
     procs = processes_for(values, hardware, zero3=ds_stage == 3 and not ds_dropped)
+    # --- global batch: exact on the largest number of the GPUs it divides over (or --keep-devices)
+    gb = global_batch_for(values, procs.world, options, meta)
+    if gb.fewer_devices:
+        procs = Processes(
+            gb.world, ",".join(g.uuid or str(g.index) for g in hardware.gpus[: gb.world]), gb.fewer_devices
+        )
     world = procs.world
     if procs.why:
         warnings.append(procs.why)
@@ -371,8 +412,7 @@ def plan(
     if drop_ds:
         ed.remove("deepspeed", drop_ds)
 
-    # --- global batch
-    gb = global_batch_for(values, world, options, meta)
+    # --- global batch (gb, decided with the processes above: kept on ``world`` devices)
     if gb.warning:
         warnings.append(gb.warning)
     per_device, g_source, g_target = gb.per_device, gb.source, gb.target
@@ -425,6 +465,15 @@ def plan(
         p2p_blocked=blocked,
         kt=rules.single_process(values) is not None,
     )
+    if gb.fewer_devices:
+        if world > 1 and procs.pin:
+            # launch_env pins only a single process; torchrun's ranks take the first NPROC_PER_NODE visible
+            # GPUs, and naming them keeps a user's CUDA_VISIBLE_DEVICES from widening the set
+            env["CUDA_VISIBLE_DEVICES"] = procs.pin
+        if meta.get("world_size") != world:  # an adapted config made for this world size changes nothing
+            for key in ("CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE"):
+                if key in env:
+                    ed.changes.append(Change(key, _offered_env(key, hardware), env[key], gb.fewer_devices))
 
     # --- resume safety
     if values.get("overwrite_output_dir"):

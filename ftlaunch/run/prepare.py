@@ -44,6 +44,7 @@ class PlanSettings:
     params: str | None = None
     model_config: str | None = None
     host_ram_gib: float | None = None  # host RAM to plan offload with; default: the probed machine's
+    keep_devices: bool = False  # every GPU with the nearest global batch, rather than fewer GPUs keeping it
     mirror: str | None = None  # download from the hub first: None = no, "auto" or a name/URL
 
 
@@ -97,7 +98,12 @@ def make_v1_plan(
     if req.mirror:
         warnings.append("--mirror: USE_V1 configs are not pre-downloaded yet; the trainer fetches `model` itself")
     hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
-    options = PlanOptions(source_gpus=req.source_gpus, global_batch=req.global_batch, headroom=req.headroom)
+    options = PlanOptions(
+        source_gpus=req.source_gpus,
+        global_batch=req.global_batch,
+        headroom=req.headroom,
+        keep_devices=req.keep_devices,
+    )
     p = v1.plan_v1(values, hw, options, meta=loaded.meta, deepspeed_config=ds)
     key = config_key(loaded.values, p.hardware.gpu_model, p.global_batch_target)  # v1 recalls nothing: made after
     return loaded, final_plan(p, run_id=run_id, memory_key=key, warnings=warnings)
@@ -142,7 +148,12 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     spec, spec_note = model_spec_for(values, req.params, model_config)
     if spec_note:
         warnings.append(spec_note)
-    options = PlanOptions(source_gpus=req.source_gpus, global_batch=req.global_batch, headroom=req.headroom)
+    options = PlanOptions(
+        source_gpus=req.source_gpus,
+        global_batch=req.global_batch,
+        headroom=req.headroom,
+        keep_devices=req.keep_devices,
+    )
     # What worked on this card before: the micro-batch a recovered run settled on (the most the
     # chooser may take) and the GPU memory a run was seen to use (the chooser's correction).
     # The one config key of this plan: recalled under here, and the run's state keeps it (Plan.memory_key).

@@ -44,10 +44,17 @@ def test_plan_table_for_people(monkeypatch):
 
 def test_plan_for_four_gpus_sets_torchrun(monkeypatch):
     monkeypatch.chdir(EXAMPLES)
-    r = run("plan", "examples/train_lora/qwen3_lora_sft_ds3.yaml", "--gpu", "A100-80GBx4", "--json")
+    # written for 4 GPUs (1 x 2 x 4 = 8): the global batch divides over all four
+    r = run(
+        "plan", "examples/train_lora/qwen3_lora_sft_ds3.yaml", "--gpu", "A100-80GBx4", "--source-gpus", "4", "--json"
+    )
     d = json.loads(r.output)
     assert d["env"] == {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "4"}
     assert d["config"]["deepspeed"].endswith("ds_z3_config.json")
+    # as written (global batch 1 x 2 = 2): two of the four GPUs keep it exactly
+    d = json.loads(run("plan", "examples/train_lora/qwen3_lora_sft_ds3.yaml", "--gpu", "A100-80GBx4", "--json").output)
+    assert d["env"] == {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert d["global_batch"] == {"source": 2, "target": 2}
 
 
 def test_config_error_exit_code_and_no_traceback(tmp_path):

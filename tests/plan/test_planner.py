@@ -111,10 +111,16 @@ def test_global_batch_option_and_nearest_when_not_divisible():
     p = plan(
         {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
         catalog_hardware("A100-80GBx4"),
-        PlanOptions(global_batch=6),
+        PlanOptions(global_batch=6, keep_devices=True),
     )
     assert p.global_batch_source == 6 and p.global_batch_target in (4, 8)
     assert any("nearest" in w for w in p.warnings)
+    exact = plan(
+        {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+        catalog_hardware("A100-80GBx4"),
+        PlanOptions(global_batch=6),
+    )
+    assert exact.global_batch_target == 6 and exact.world_size == 3  # fewer GPUs, the batch exact
     p2 = plan(
         {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 8},
         catalog_hardware("T4"),
@@ -166,8 +172,11 @@ def test_memory_driven_plan_is_idempotent(name, card, tmp_path):
 
 def test_global_batch_target_is_what_plan_keeps():
     values = {"per_device_train_batch_size": 3, "gradient_accumulation_steps": 3}
-    gb = global_batch_for(values, 2, PlanOptions(source_gpus=1))
+    gb = global_batch_for(values, 2, PlanOptions(source_gpus=1, keep_devices=True))
     assert (gb.source, gb.per_device, gb.target) == (9, 4, 8) and "nearest achievable" in gb.warning
-    p = plan(values, catalog_hardware("A100-80GBx2"), PlanOptions(source_gpus=1))
+    p = plan(values, catalog_hardware("A100-80GBx2"), PlanOptions(source_gpus=1, keep_devices=True))
     assert (p.global_batch_source, p.global_batch_target) == (gb.source, gb.target) and gb.warning in p.warnings
+    gb = global_batch_for(values, 2, PlanOptions(source_gpus=1))
+    p = plan(values, catalog_hardware("A100-80GBx2"), PlanOptions(source_gpus=1))
+    assert (gb.target, gb.world) == (9, 1) and (p.global_batch_target, p.world_size) == (9, 1)
     assert global_batch_for(values, 3, meta={"world_size": 2}).target == 18
