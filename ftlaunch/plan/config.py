@@ -247,25 +247,17 @@ def _suggest(key: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _kind_ok(kind: str, value: Any) -> bool:
-    if value is None or kind == "any":
+def _one_kind_ok(kind: str, value: Any) -> bool:
+    if kind == "any":
         return True
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "int":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "float":
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True
-        if isinstance(value, str):
-            try:
-                float(value)
-                return True
-            except ValueError:
-                return False
-        return False
+        return _number(value) is not None
     if kind == "str":
-        return isinstance(value, (str, int, float)) and not isinstance(value, bool) or isinstance(value, str)
+        return isinstance(value, (str, int, float)) and not isinstance(value, bool)
     if kind == "list":
         return isinstance(value, (list, str))
     if kind == "dict":
@@ -273,8 +265,25 @@ def _kind_ok(kind: str, value: Any) -> bool:
     return True
 
 
+def _kind_ok(kind: str, value: Any) -> bool:
+    """Whether ``value`` is of ``kind``: one word or several joined by | (``list|str``), as
+    scripts/gen_llamafactory_keys.py reads them from LLaMA-Factory's argument dataclasses."""
+    return value is None or any(_one_kind_ok(k, value) for k in kind.split("|"))
+
+
+def _kind_problem(key: str, kind: str, value: Any) -> str:
+    """What is wrong with a value of the wrong kind, said in the words of the YAML."""
+    words = " or ".join("a list" if k == "list" else k for k in kind.split("|"))
+    msg = f"key {key!r} must be {words}, got {type(value).__name__} {value!r}"
+    if "list" in kind.split("|") and "str" in kind.split("|"):
+        msg += " (a YAML list or a comma-separated string)"
+    if isinstance(value, bool) and "str" in kind.split("|"):
+        msg += "; YAML reads an unquoted no/off/yes/on as true or false: quote it"
+    return msg
+
+
 def validate_keys(values: Mapping[str, Any]) -> list[str]:
-    """Unknown keys (sorted, with suggestions) and values of the wrong kind."""
+    """Unknown keys (sorted, with suggestions) and values of a kind LLaMA-Factory does not take."""
     keys = known_keys()
     problems = [
         f"unknown key {k!r}{_suggest(k)}: llamafactory-cli would reject it"
@@ -284,7 +293,7 @@ def validate_keys(values: Mapping[str, Any]) -> list[str]:
     for k, v in values.items():
         kind = keys.get(k)
         if kind and not _kind_ok(kind, v):
-            problems.append(f"key {k!r} must be {kind}, got {type(v).__name__} {v!r}")
+            problems.append(_kind_problem(k, kind, v))
     return problems
 
 
