@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ftlaunch.errors import FtlaunchError, StateError
+from ftlaunch.files import tree_bytes
 from ftlaunch.plan.disk import DiskForecast, enough_for_save
 from ftlaunch.plan.memory.store import remember, remember_observed
 from ftlaunch.plan.offload import materialize, refusal
@@ -33,7 +34,7 @@ from ftlaunch.run.checkpoints import CheckpointWatch, set_aside_incomplete
 from ftlaunch.run.disk import DISK_HINT, disk_message, enospc_in, enospc_line, free_bytes, remove_partial
 from ftlaunch.run.gpuwait import GpuWait, nvml_probes, wait_gpu_released
 from ftlaunch.run.health import Response
-from ftlaunch.run.journal import RunJournal
+from ftlaunch.run.journal import OutputLog, RunJournal, quiet_print, quiet_std_streams
 from ftlaunch.run.orphans import refuse_if_alive, runs_of_output_dir
 from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
 from ftlaunch.run.procs import GroupStop, signal_group, start_time
@@ -211,7 +212,9 @@ class Supervisor:
                 out, attempt, extra_env, weights_only, recover_until if status is RunStatus.RECOVERING else None
             )
             # Numeric health first: a diverged trainer was halted by us, whatever its exit code says.
-            health = None if self.stop_signal is not None else self.watch.after(out, values, weights_only)
+            # A trainer that finished on its own is judged at its end too (the records' tail, the saved weights).
+            done = rc == 0 and stalled is None and disk_full is None and self.stop_signal is None
+            health = None if self.stop_signal is not None else self.watch.after(out, values, weights_only, done=done)
             if health is not None and health.action is Response.ROLLBACK:
                 self._apply(values, health.edits.items(), extra_env, state.gpu_count or 1)
                 write_config(self.run_dir, values, header)
@@ -431,7 +434,9 @@ class Supervisor:
         if nxt is None or nxt - step > max(1, round((steps_per_second or 0.0) * 10)):
             return None
         try:
-            free = free_bytes(out)
+            # The save may already be under way (this poll read the step late): what its folder
+            # holds was free space before it, so judge the save as a whole, not its remainder.
+            free = free_bytes(out) + tree_bytes(out / f"checkpoint-{nxt}")
         except OSError:
             return None
         if enough_for_save(fc, free):
@@ -544,8 +549,7 @@ class Supervisor:
             return
         secret_values = [str(v) for v in self._secrets().values()]
         pending = b""
-        dropped = 0
-        log = None
+        log = self.journal.output_log()  # appends to train.log; what it cannot write is counted there
         for chunk in iter(lambda: stream.read1(65536), b""):
             pending += chunk
             cut = max(pending.rfind(b"\n"), pending.rfind(b"\r"))
@@ -553,16 +557,13 @@ class Supervisor:
                 self._console.append((self.clock(), ""))
                 continue
             done, pending = (pending[: cut + 1], pending[cut + 1 :]) if cut >= 0 else (pending, b"")
-            log, dropped = self._emit(done, log, log_path, secret_values, dropped)
+            self._emit(done, log, secret_values)
         if pending:
-            log, dropped = self._emit(pending, log, log_path, secret_values, dropped)
-        if log is not None:
-            log.close()
+            self._emit(pending, log, secret_values)
+        log.close()
         stream.close()
 
-    def _emit(
-        self, data: bytes, log: IO[bytes] | None, log_path: Path, secret_values: list[str], dropped: int
-    ) -> tuple[IO[bytes] | None, int]:
+    def _emit(self, data: bytes, log: OutputLog, secret_values: list[str]) -> None:
         text = data.decode(errors="replace")
         mark = SAVE_MARK if SAVE_MARK in text else EVAL_MARK if EVAL_MARK in text else ""
         self._console.append((self.clock(), mark))
@@ -571,24 +572,13 @@ class Supervisor:
                 self.watch.console(line)  # grad_norm is only in the console (numeric health)
         clean = redact(text, self.env, secret_values)
         line = clean.encode() if clean != text else data
-        try:
-            if log is None:
-                log = open(log_path, "ab")
-            if dropped:
-                lost = f"\nftlaunch: {dropped} byte(s) of trainer output were lost: the run folder refused writes\n"
-                log.write(lost.encode())
-            log.write(line)
-            log.flush()
-            dropped = 0
-        except OSError:
-            dropped += len(line)
+        log.write(line)
         if self.journal.echo:
             try:
                 sys.stdout.buffer.write(line)
                 sys.stdout.buffer.flush()
             except (OSError, ValueError):
                 self.journal.echo = False  # the terminal went away; keep logging to the file
-        return log, dropped
 
 
 def kernel_log() -> str:
@@ -634,12 +624,21 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args[0])
     # Detached: SIGHUP must not kill us even before handlers are installed.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    supervisor = None
     try:
         lock = adopt_lock(lock_fd) if lock_fd is not None else None
-        return Supervisor(run_dir, os.environ, lock=lock).run()
+        supervisor = Supervisor(run_dir, os.environ, lock=lock)
+        # Its stdout/stderr is supervisor.log, on the filesystem that may fill: never raise from there.
+        quiet_std_streams(supervisor.journal.unwritten)
+        return supervisor.run()
     except FtlaunchError as exc:
-        print(f"ftlaunch supervisor: {exc}", file=sys.stderr)
+        quiet_print(f"ftlaunch supervisor: {exc}")
         return int(exc.exit_code)
+    except Exception as exc:  # its own failure: the cause is left for `status`, the trainer runs on
+        if supervisor is None:
+            raise
+        supervisor.journal.died(exc, supervisor.trainer)
+        return 1
 
 
 if __name__ == "__main__":

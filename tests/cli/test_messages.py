@@ -20,16 +20,12 @@ from ftlaunch.cli.main import main
 
 from ..conftest import tiny_config, write_yaml
 from ..fake_trainer import install, write_config
+from ..helpers import said
 from ..run.test_races import wait_for
 
 
 def cli(*args: str):
     return CliRunner().invoke(main, list(args))
-
-
-def said(words: str, output: str) -> bool:
-    """``words`` in the output, whatever the console's line wrapping."""
-    return " ".join(words.split()) in " ".join(output.split())
 
 
 def ftl(*args: str, env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -248,7 +244,7 @@ def test_plot_to_a_path_that_cannot_be_written_says_so(tmp_path):
         r = cli("plot", str(out_dir), "--out", str(ro / "p.png"))
         assert r.exit_code == 2, r.output
         assert said(f"cannot write {ro / 'p.png'}:", r.output) and said("choose --out elsewhere", r.output)
-        assert ("read-only file system" in r.output) or ("permission denied" in r.output), r.output
+        assert said("read-only file system", r.output) or said("permission denied", r.output), r.output
     finally:
         if os.geteuid() == 0:
             subprocess.run(["umount", str(ro)], capture_output=True)

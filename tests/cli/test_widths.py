@@ -47,16 +47,27 @@ def pieces_at(lines: list[str], i: int, col: int) -> str:
     return lines[i][col:].split(" ", 1)[0] if i < len(lines) else ""
 
 
+def fits(rest: str, piece: str) -> bool:
+    """Whether the path segment that ``piece`` breaks inside would have fitted on a line of its own
+    (so the break belonged after its `/`); a segment longer than the line must fold (a long TMPDIR)."""
+    segment = rest[piece.rfind("/") + 1 :].split("/", 1)[0]
+    return len(segment) <= len(piece)
+
+
 def rejoins(text: str, path: str) -> bool:
     """``path`` is on one line, or starts a cell and goes on at the same column on the lines
-    below, every line but the last ending in `/`."""
+    below, every line but the last ending in `/` (or folding a segment longer than its line)."""
     lines = text.splitlines()
     for i, line in enumerate(lines):
         for m in re.finditer(r"(?:(?<= )|^)/", line):
             col, rest, j = m.start(), path, i
             while rest:
                 piece = pieces_at(lines, j, col)
-                if not piece or not rest.startswith(piece) or (piece != rest and not piece.endswith("/")):
+                if (
+                    not piece
+                    or not rest.startswith(piece)
+                    or (piece != rest and not piece.endswith("/") and fits(rest, piece))
+                ):
                     break
                 rest, j = rest[len(piece) :], j + 1
             if not rest:

@@ -36,6 +36,7 @@ from ftlaunch.schedule.runner import run_schedule
 from ftlaunch.schedule.versions import choose_prune, version_name
 
 from ..conftest import ROOT, tiny_config, write_yaml
+from ..helpers import said
 
 INTEGRATED = "schedule" in main.commands  # cli.py registers the group itself once integrated
 if not INTEGRATED:
@@ -123,11 +124,6 @@ def project(tmp_path) -> Path:
         "gradient_accumulation_steps": 2,
     }
     return write_yaml(tmp_path / "c.yaml", cfg)
-
-
-def said(words: str, output: str) -> bool:
-    """``words`` appear in ``output`` however rich wrapped the lines."""
-    return "".join(words.split()) in "".join(output.split())
 
 
 def cli(*args: str) -> object:

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The README's test command on a fresh clone of this repository's HEAD, twice: once with a TMPDIR
+# over 100 characters (every temp path then folds inside piped messages) and once with COLUMNS=60
+# (a narrow terminal for click's help and rich). Tests must not depend on either (issue 36).
+#   bash scripts/ci_stress.sh            # both runs, all lanes (about twice the CI time)
+#   bash scripts/ci_stress.sh --fast     # both runs, the fast lane only (any scripts/test.sh args pass on)
+# Prints the time of each run; exits non-zero on the first run that fails. Leaves nothing behind.
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/ftlaunch-stress.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+git clone -q "$src" "$work/clone"
+long="$work/a-temp-folder-whose-path-is-longer-than-the-hundred-columns-of-piped-output/and-deeper-still"
+mkdir -p "$long"
+echo "=== fresh clone of $(git -C "$src" rev-parse --short HEAD) in $work/clone; long TMPDIR is ${#long} characters ==="
+run() {  # run LABEL VAR=VALUE
+  local label=$1 start rc=0
+  shift
+  start=$(date +%s)
+  echo "=== stress run: $label ==="
+  (cd "$work/clone" && env "$@" bash scripts/test.sh ${ARGS[@]+"${ARGS[@]}"}) || rc=$?
+  echo "=== stress run: $label: $(($(date +%s) - start)) s (exit $rc) ==="
+  [ "$rc" -eq 0 ] || exit "$rc"
+}
+ARGS=("$@")
+run "long TMPDIR" TMPDIR="$long"
+run "COLUMNS=60" COLUMNS=60

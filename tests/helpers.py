@@ -1,0 +1,18 @@
+"""Helpers the tests share (issue 32: one copy, not one per file).
+
+Piped output is laid out at PIPE_WIDTH columns: prose wraps between words, and a word longer than the
+line (a path under a long TMPDIR) is folded anywhere. A test that matches a message must not depend
+on where those breaks fall, so it matches with `said`, which ignores all whitespace on both sides.
+"""
+
+from __future__ import annotations
+
+
+def flat(text: str) -> str:
+    """``text`` with every run of whitespace removed: what stays the same however it was wrapped."""
+    return "".join(text.split())
+
+
+def said(words: str, output: str) -> bool:
+    """``words`` appear in ``output``, whatever the console's line wrapping or folding."""
+    return flat(words) in flat(output)
