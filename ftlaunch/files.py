@@ -5,6 +5,7 @@ old file or the new one, never half of one). Imports only ftlaunch.errors.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -90,6 +91,37 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def reserve_file(path: Path, text: str, size: int) -> None:
+    """Write ``text`` padded with spaces to ``size`` bytes: the blocks are then the file's, so
+    ``overwrite_reserved`` can still write there when the filesystem is full (a JSON text parses with
+    the padding)."""
+    data = text.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data + b" " * max(0, size - len(data)))
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def overwrite_reserved(path: Path, text: str) -> None:
+    """Write ``text`` over a file made by ``reserve_file``, in place and padded to its size: no block is
+    added, so it works on a full filesystem. OSError when it does not fit or the file is gone."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        size = os.fstat(fd).st_size
+        data = text.encode()
+        if len(data) > size:
+            raise OSError(errno.EFBIG, f"{len(data)} bytes do not fit the {size} reserved", str(path))
+        os.pwrite(fd, data + b" " * (size - len(data)), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def json_safe(obj: Any) -> Any:

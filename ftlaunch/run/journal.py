@@ -5,18 +5,29 @@ decisions, and every event and state field it writes is listed here.
 
 from __future__ import annotations
 
+import errno
 import functools
+import io
+import json
+import os
+import subprocess
 import sys
+import tempfile
+import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from ftlaunch.errors import StateError
+from ftlaunch.files import now_iso, overwrite_reserved, reserve_file, write_text_atomic
 from ftlaunch.run.checkpoints import SetAside
 from ftlaunch.run.progress import Progress
 from ftlaunch.run.recovery import Decision, Exit
 from ftlaunch.run.state import Budget, FailureKind, RunState, RunStatus
-from ftlaunch.run.store import RunFolder, append_event, update_state
+from ftlaunch.run.store import RunFolder, append_event, read_state, update_state
 
 
 def _batch(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -27,48 +38,306 @@ def _batch(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _best_effort(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A record that cannot be written (FTLAUNCH_HOME full or unwritable) must not end the supervisor:
-    it would take the trainer with it. The failure is counted and said once the folder takes writes again."""
+    """A record that cannot be written (FTLAUNCH_HOME full, unwritable or failing: ENOSPC, EROFS, EIO)
+    must not end the supervisor: it would take the trainer with it. The failure is counted once, and
+    said in one notice once a write goes through again (``Unwritten``)."""
 
     @functools.wraps(method)
     def wrapper(self: RunJournal, *args: Any, **kwargs: Any) -> Any:
+        outer = self._depth == 0
+        self._depth += 1
         try:
             result = method(self, *args, **kwargs)
         except OSError as exc:
-            self.unwritten += 1
-            if self.unwritable is None:
-                self.unwritable = f"{exc.strerror or exc} ({getattr(exc, 'filename', None) or self.run_dir})"
-                print(
-                    f"ftlaunch supervisor: cannot write the run's records: {self.unwritable}; "
-                    "the trainer keeps running",
-                    file=sys.stderr,
-                    flush=True,
+            if self.unwritten.failed(exc, self.run_dir, records=1):
+                quiet_print(
+                    f"ftlaunch supervisor: cannot write the run's records: {self.unwritten.reason}; "
+                    "the trainer keeps running"
                 )
             return None
-        if self.unwritable is not None:
-            lost, why = self.unwritten, self.unwritable
-            self.unwritable, self.unwritten = None, 0
-            self.say(
-                f"ftlaunch: {lost} record(s) of the run could not be written while its folder refused writes "
-                f"({why}); the trainer kept running"
-            )
+        finally:
+            self._depth -= 1
+        if outer:  # a write went through: there may be room for the notice too
+            self.say_unwritten()
         return result
 
     return wrapper
+
+
+def quiet_print(text: str, stream: IO[str] | None = None) -> None:
+    """A line on stderr that may not be written (a detached supervisor's stderr is supervisor.log in
+    the run folder, on the filesystem that is full): dropped rather than raised."""
+    try:
+        print(text, file=stream or sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+class Unwritten:
+    """What the supervisor could not write while its run folder refused writes: records (state,
+    events, its own train.log lines), bytes of trainer output and of its own stderr. Each is counted
+    once, and the spell is said in one notice (``notice``) once a write goes through again: never a
+    running total. Thread-safe: the log pump counts output from its own thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reason: str | None = None  # why the first write of this spell failed
+        self.records = 0
+        self.output_bytes = 0
+        self.log_bytes = 0
+
+    def failed(
+        self, exc: OSError, where: Path | str, *, records: int = 0, output_bytes: int = 0, log_bytes: int = 0
+    ) -> bool:
+        """Count a write that failed; True for the first of a spell (the moment to say so on stderr)."""
+        with self._lock:
+            first = self.reason is None
+            if first:
+                self.reason = f"{exc.strerror or exc} ({getattr(exc, 'filename', None) or where})"
+            self.records += records
+            self.output_bytes += output_bytes
+            self.log_bytes += log_bytes
+            return first
+
+    def take(self) -> tuple[str, int, int, int] | None:
+        """The spell so far (reason, records, output bytes, stderr bytes), and the count starts afresh;
+        None when nothing was lost. ``put_back`` it when the notice could not be written either."""
+        with self._lock:
+            if self.reason is None:
+                return None
+            spell = (self.reason, self.records, self.output_bytes, self.log_bytes)
+            self.reason, self.records, self.output_bytes, self.log_bytes = None, 0, 0, 0
+            return spell
+
+    def put_back(self, spell: tuple[str, int, int, int]) -> None:
+        reason, records, output_bytes, log_bytes = spell
+        with self._lock:
+            self.reason = self.reason or reason
+            self.records += records
+            self.output_bytes += output_bytes
+            self.log_bytes += log_bytes
+
+
+def notice(spell: tuple[str, int, int, int]) -> str:
+    """The one line that says what a spell of refused writes cost. Pure."""
+    reason, records, output_bytes, log_bytes = spell
+    lost = [f"{records} record(s) of the run"] if records else []
+    if output_bytes:
+        lost.append(f"{output_bytes:,} byte(s) of trainer output")
+    if log_bytes:
+        lost.append(f"{log_bytes:,} byte(s) of the supervisor's own log")
+    what = " and ".join(lost) or "nothing"
+    return f"ftlaunch: {what} could not be written while its folder refused writes ({reason}); the trainer kept running"
+
+
+class QuietStream(io.TextIOBase):
+    """sys.stdout/sys.stderr of a detached supervisor: unbuffered writes to its file descriptor
+    (supervisor.log), where a write the filesystem refuses is counted in ``unwritten`` and dropped.
+    A buffered stream would raise at the next flush, inside whatever handler was printing (issue 31)."""
+
+    def __init__(self, fd: int, unwritten: Unwritten):
+        self._fd = fd
+        self.unwritten = unwritten
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, s: str) -> int:
+        data = s.encode(errors="replace")
+        _append(self._fd, data, lambda exc, left: self.unwritten.failed(exc, "stderr", log_bytes=left))
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+def quiet_std_streams(unwritten: Unwritten) -> None:
+    """Replace this process's stdout and stderr by QuietStreams (the detached supervisor's main)."""
+    sys.stdout = QuietStream(1, unwritten)
+    sys.stderr = QuietStream(2, unwritten)
+
+
+def _append(fd: int, data: bytes, failed: Callable[[OSError, int], Any]) -> bool:
+    """Write all of ``data`` to ``fd`` (partial writes continued); on an error the bytes left are
+    reported to ``failed`` and False returned."""
+    view, done = memoryview(data), 0
+    while done < len(data):
+        try:
+            n = os.write(fd, view[done:])
+        except OSError as exc:
+            failed(exc, len(data) - done)
+            return False
+        if n <= 0:
+            failed(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), len(data) - done)
+            return False
+        done += n
+    return True
+
+
+class OutputLog:
+    """The trainer's output appended to train.log by the log pump: one descriptor opened with
+    O_APPEND and unbuffered writes, so a refused write is counted (bytes) and dropped, never kept in a
+    buffer to be written twice; the notice follows the first write that goes through again."""
+
+    def __init__(self, journal: RunJournal):
+        self.journal = journal
+        self.path = RunFolder(journal.run_dir).train_log
+        self._fd: int | None = None
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        failed = lambda exc, left: self.journal.unwritten.failed(exc, self.path, output_bytes=left)  # noqa: E731
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            failed(exc, len(data))
+            return
+        if _append(self._fd, data, failed):
+            self.journal.say_unwritten()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# Room for a last word: the cause and a short traceback (cut to fit), or how the run ended.
+LAST_WORD_BYTES = 8192
+
+
+def last_word_places(run_dir: Path, output_dir: str | None) -> list[Path]:
+    """Where a supervisor's last word may be, in the order it is tried: reserved in the run folder when
+    the supervisor took over (it fits even when that filesystem is full), beside the run's output_dir
+    (another filesystem, often), the system temp folder. `status` looks in the same places."""
+    places = [run_dir / ".last-word.json"]
+    if output_dir:
+        places.append(Path(output_dir) / f".ftlaunch-last-word-{run_dir.name}.json")
+    places.append(Path(tempfile.gettempdir()) / f"ftlaunch-last-word-{os.getuid()}" / f"{run_dir.name}.json")
+    return places
+
+
+@dataclass(frozen=True)
+class LastWord:
+    """What a supervisor leaves when it can write nothing else: why it died (``cause``), or how the run
+    ended when state.json could not take the end (``status``, ``exit_code``, ``message``). Keyed by the
+    supervisor's pid and start time, so a later supervisor's run is never told an earlier one's end."""
+
+    run_dir: Path
+    pid: int
+    pid_start: float | None
+    output_dir: str | None
+
+    def reserve(self) -> None:
+        """Claim the blocks in the run folder now, while there is room (OSError when there is none)."""
+        reserve_file(self._places()[0], json.dumps(self._key()), LAST_WORD_BYTES)
+
+    def leave(self, **fields: Any) -> Path | None:
+        """Write the last word in the first place that takes it; None when none does."""
+        word = {**self._key(), "t": now_iso(), **fields}
+        text = json.dumps(word, default=str)
+        if len(text) > LAST_WORD_BYTES - 1 and word.get("traceback"):
+            keep = max(0, len(word["traceback"]) - (len(text) - LAST_WORD_BYTES + 64))
+            text = json.dumps({**word, "traceback": "..." + word["traceback"][-keep:]}, default=str)
+        first, *others = self._places()
+        try:
+            overwrite_reserved(first, text)
+            return first
+        except OSError:
+            pass
+        for place in others:
+            try:
+                place.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                write_text_atomic(place, text + "\n")
+                return place
+            except OSError:
+                continue
+        return None
+
+    def clear(self) -> None:
+        """The run's end is in state.json: nothing to leave."""
+        for place in self._places():
+            try:
+                place.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    def _key(self) -> dict[str, Any]:
+        return {"pid": self.pid, "pid_start": self.pid_start}
+
+    def _places(self) -> list[Path]:
+        return last_word_places(self.run_dir, self.output_dir)
+
+
+def read_last_word(
+    run_dir: Path, output_dir: str | None, pid: int | None, pid_start: float | None
+) -> dict[str, Any] | None:
+    """The last word the supervisor ``pid`` (started at ``pid_start``) left for this run, with the file
+    it was found in (``where``); None when it left none (a SIGKILL, the OOM killer, a reboot)."""
+    if not pid:
+        return None
+    for place in last_word_places(run_dir, output_dir):
+        try:
+            word = json.loads(place.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(word, dict) or word.get("pid") != pid or not (word.get("cause") or word.get("status")):
+            continue
+        if pid_start is not None and word.get("pid_start") not in (None, pid_start):
+            continue
+        return {**word, "where": str(place)}
+    return None
 
 
 class RunJournal:
     def __init__(self, run_dir: Path, echo: bool = False):
         self.run_dir = run_dir
         self.echo = echo
-        self.unwritable: str | None = None  # why the run folder refuses writes right now
-        self.unwritten = 0  # records lost meanwhile
+        self.unwritten = Unwritten()  # what the run folder refused, until it is said
+        self._depth = 0  # journal methods calling journal methods: the notice comes after the outer one
+        self.last_word: LastWord | None = None  # reserved when the supervisor takes over the run
+
+    def output_log(self) -> OutputLog:
+        """Where the log pump appends the trainer's output (train.log)."""
+        return OutputLog(self)
+
+    def say_unwritten(self) -> None:
+        """The one notice of a spell of refused writes, once there is room (a notice that cannot be
+        written is not counted: the spell waits for the next write that goes through)."""
+        spell = self.unwritten.take()
+        if spell is None:
+            return
+        text = notice(spell)
+        try:
+            with open(RunFolder(self.run_dir).train_log, "a") as f:
+                f.write(text + "\n")
+        except OSError:
+            self.unwritten.put_back(spell)
+            return
+        if self.echo:
+            quiet_print(text, sys.stdout)
+        reason, records, output_bytes, log_bytes = spell
+        try:
+            append_event(
+                self.run_dir,
+                "unwritten",
+                reason=reason,
+                records=records,
+                output_bytes=output_bytes,
+                log_bytes=log_bytes,
+            )
+        except OSError:
+            pass  # said in train.log; a notice about the notice would never end
 
     @_best_effort
     def say(self, text: str) -> None:
         """A line of ftlaunch's own in train.log (`ftlaunch logs` shows it), echoed when in the foreground."""
         if self.echo:
-            print(text, flush=True)
+            quiet_print(text, sys.stdout)
         with open(RunFolder(self.run_dir).train_log, "a") as f:
             f.write(text + "\n")
 
@@ -78,9 +347,38 @@ class RunJournal:
         update_state(self.run_dir, status=RunStatus.FAILED, failure_kind=FailureKind.BUSY, message=message)
         append_event(self.run_dir, "failed", kind=FailureKind.BUSY.value, message=message)
 
-    @_best_effort
     def supervising(self, pid: int, pid_start: float | None) -> None:
+        """This supervisor takes over the run; room for its last word is reserved first, while there is room."""
+        try:
+            output_dir = read_state(self.run_dir).output_dir
+        except StateError:
+            output_dir = None
+        self.last_word = LastWord(self.run_dir, pid, pid_start, output_dir)
+        try:
+            self.last_word.reserve()
+        except OSError:
+            pass  # full already: the last word goes beside the output_dir or to the temp folder
+        self._supervising(pid, pid_start)
+
+    @_best_effort
+    def _supervising(self, pid: int, pid_start: float | None) -> None:
         update_state(self.run_dir, status=RunStatus.STARTING, pid=pid, pid_start=pid_start, ended=None, exit_code=None)
+
+    def died(self, exc: BaseException, trainer: subprocess.Popen | None) -> None:
+        """The supervisor itself failed (an error of its own, not the trainer's). Its cause is left where
+        `status` finds it, and a live trainer is not taken down with it: the log pump keeps copying its
+        output until it ends, then its exit code is added to the last word."""
+        cause = f"{type(exc).__name__}: {exc}"
+        trace = "".join(traceback.format_exception(exc))
+        quiet_print(trace.rstrip())
+        word = self.last_word or LastWord(self.run_dir, os.getpid(), None, None)
+        alive = trainer is not None and trainer.poll() is None
+        more = {"trainer_pid": trainer.pid, "trainer": "running"} if alive and trainer else {}
+        word.leave(cause=cause, traceback=trace, **more)
+        self.say(f"ftlaunch: the supervisor failed: {cause}" + ("; its trainer runs on, unsupervised" if alive else ""))
+        if alive and trainer is not None:
+            rc = trainer.wait()
+            word.leave(cause=cause, traceback=trace, trainer_pid=trainer.pid, trainer_exit_code=rc)
 
     @_best_effort
     def attempt_started(
@@ -187,9 +485,30 @@ class RunJournal:
         )
         self.say(f"ftlaunch: {d.message}")
 
-    @_best_effort
     def finished(
         self, status: RunStatus, code: int, ex: Exit, message: str, budget: Budget, no_progress: int | None = None
+    ) -> RunState | None:
+        """The run's end in state.json and the events; None when state.json refused it: the end is then
+        the supervisor's last word, which `status` reads."""
+        state = self._finished(status, code, ex, message, budget, no_progress)
+        if self.last_word is None:
+            return state
+        if state is not None:
+            self.last_word.clear()
+            return state
+        self.last_word.leave(
+            status=status.value,
+            exit_code=code,
+            failure_kind=ex.kind.value if ex.kind else None,
+            message=message,
+            ended=time.time(),
+            cause=f"state.json could not be written: {self.unwritten.reason or 'the run folder refused writes'}",
+        )
+        return None
+
+    @_best_effort
+    def _finished(
+        self, status: RunStatus, code: int, ex: Exit, message: str, budget: Budget, no_progress: int | None
     ) -> RunState:
         more = {} if no_progress is None else {"no_progress_attempts": no_progress}
         state = update_state(
@@ -203,5 +522,8 @@ class RunJournal:
             budget=budget,
             trainer_pid=None,
         )
-        append_event(self.run_dir, status.value, message=message, exit_code=code)
+        try:
+            append_event(self.run_dir, status.value, message=message, exit_code=code)
+        except OSError as exc:  # the end is in state.json: that is what counts
+            self.unwritten.failed(exc, self.run_dir, records=1)
         return state

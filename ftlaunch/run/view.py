@@ -15,6 +15,7 @@ from typing import Any
 from ftlaunch.errors import StateError
 from ftlaunch.probe.usage import gpu_memory_of
 from ftlaunch.run import progress as prog
+from ftlaunch.run.journal import read_last_word
 from ftlaunch.run.procs import Liveness, liveness
 from ftlaunch.run.state import FailureKind, RunState, RunStatus
 from ftlaunch.run.store import RunFolder, read_events, read_state
@@ -98,6 +99,8 @@ class RunView:
     environment_changed: str | None = None
     stall: StallView = field(default_factory=StallView)
     cost: CostView = field(default_factory=CostView)
+    # what a supervisor that could not write its end, or failed, left (ftlaunch.run.journal.LastWord)
+    last_word: Mapping[str, Any] | None = None
 
     @classmethod
     def unreadable(cls, run_dir: Path, message: str) -> RunView:
@@ -141,6 +144,7 @@ class RunView:
             "slurm_job_id": self.slurm_job_id,
             "slurm_state": self.slurm_state,
             "environment_changed": self.environment_changed,
+            "supervisor_last_word": self.last_word,
             **self.stall.to_json(),
             **self.cost.to_json(),
         }
@@ -169,11 +173,19 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         since = (now or time.time()) - float(state.progress_at or time.time())
         eta = max(0.0, (total - step) / rate - since)
     cost = _cost(run_dir, state, status, step, total, rate, now)
-    live_run = status in (RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.STARTING)
     message = state.message
-    if status is RunStatus.LOST and state.status is not RunStatus.LOST:
+    exit_code, failure_kind, last_word = state.exit_code, state.failure_kind, None
+    if status is RunStatus.LOST and state.status is not RunStatus.LOST and not state.slurm_job_id:
+        # A supervisor that could not write its end, or died of an error of its own, left a last word.
+        last_word = read_last_word(run_dir, state.output_dir, state.pid, state.pid_start)
+    if last_word is not None and last_word.get("status") in {s.value for s in RunStatus if s.is_terminal()}:
+        status = RunStatus(last_word["status"])  # the end state.json could not take
+        message, exit_code = str(last_word.get("message") or ""), last_word.get("exit_code")
+        failure_kind = _failure_kind(last_word.get("failure_kind"))
+    elif status is RunStatus.LOST and state.status is not RunStatus.LOST:
         # The recorded message is the dead supervisor's last word ("retrying..."): it no longer holds.
-        message = lost_message(state, run_dir.name, trainer_live)
+        message = lost_message(state, run_dir.name, trainer_live, died=last_word)
+    live_run = status in (RunStatus.RUNNING, RunStatus.RECOVERING, RunStatus.STARTING)
     return RunView(
         id=state.id or run_dir.name,
         name=state.name,
@@ -195,8 +207,8 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         output_dir=state.output_dir,
         run_dir=str(run_dir),
         created=state.created,
-        exit_code=state.exit_code,
-        failure_kind=state.failure_kind,
+        exit_code=exit_code,
+        failure_kind=failure_kind,
         message=message,
         last_message=state.message if message != state.message else None,
         last_checkpoint=state.last_checkpoint,
@@ -210,14 +222,35 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         environment_changed=env_changed_line(state),
         stall=stall_view(state, now if now is not None else time.time(), live_run),
         cost=cost,
+        last_word=_word_view(last_word),
     )
 
 
-def lost_message(state: RunState, run_id: str, trainer_live: Liveness) -> str:
+def _failure_kind(value: Any) -> FailureKind | None:
+    try:
+        return FailureKind(value) if value else None
+    except ValueError:
+        return None
+
+
+def _word_view(word: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A supervisor's last word as `status --json` shows it (``supervisor_last_word``)."""
+    if word is None:
+        return None
+    keys = ("cause", "status", "exit_code", "trainer_pid", "trainer_exit_code", "t", "where")
+    return {k: word[k] for k in keys if word.get(k) is not None}
+
+
+def lost_message(state: RunState, run_id: str, trainer_live: Liveness, died: Mapping[str, Any] | None = None) -> str:
     """What a lost run's status says: what happened (its supervisor, or its Slurm job, is gone without
-    writing a final status) and what to do (resume, from where). Pure."""
+    writing a final status; ``died``: the cause it left, ftlaunch.run.journal.LastWord) and what to do
+    (resume, from where). Pure."""
     if state.slurm_job_id:
         what = f"lost: Slurm job {state.slurm_job_id} no longer runs and its supervisor wrote no final status"
+    elif died is not None and died.get("cause"):
+        what = f"lost: its supervisor (pid {state.pid}) failed: {died['cause']} (in {died.get('where')})"
+        if died.get("trainer_exit_code") is not None:
+            what += f"; its trainer ran on to its end, exit code {died['trainer_exit_code']}"
     else:
         what = f"lost: its supervisor (pid {state.pid}) is gone without writing a final status"
         what += " (a reboot, a kill or the OOM killer)"
