@@ -17,6 +17,7 @@ from ftlaunch.plan import rules
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.memory.choose import MIN_HEADROOM, TIGHT, choose_micro_batch, gib_pair
+from ftlaunch.plan.memory.optimizers import describe
 from ftlaunch.plan.memory.prediction import MemoryPrediction
 from ftlaunch.plan.memory.setup import default_optimizer, setup_from_config
 from ftlaunch.plan.memory.store import correction_from
@@ -169,7 +170,7 @@ def make_memory_chooser(
             headroom_share=round(choice.headroom_share, 4),
             tried=choice.tried,
             model_params=spec.params,
-            optimizer=choice.setup.optimizer,
+            optimizer=describe(choice.setup.custom, choice.setup.optimizer),
             optimizer_source="config" if values.get("optim") else optim_why,
             host_ram_gib=host_ram,
             host_ram_note=host_note,

@@ -315,6 +315,10 @@ def _alternatives(
         )
     # --- method or data
     is_lora = base.finetuning_type in ("lora", "oft")
+    # LLaMA-Factory refuses LoRA with GaLore, APOLLO or BAdam (finetuning_args.py:595): LoRA rows drop them
+    lora_off: dict[str, Any] = {}
+    if base.custom is not None and base.custom.kind in ("galore", "apollo", "badam"):
+        lora_off = {f"use_{base.custom.kind}": False}
     if not is_lora or base.quantization_bit is not None:
         add(
             "LoRA r=8",
@@ -329,15 +333,17 @@ def _alternatives(
                 zero_stage=0,
                 offload_optimizer=False,
                 offload_params=False,
+                custom=None if lora_off else base.custom,
             ),
-            {"finetuning_type": "lora", "lora_rank": 8, "lora_target": "all", "quantization_bit": None},
+            {"finetuning_type": "lora", "lora_rank": 8, "lora_target": "all", "quantization_bit": None, **lora_off},
             "faster",
         )
     for bits in (8, 4):
         if base.quantization_bit == bits:
             continue
-        ch: dict[str, Any] = {"finetuning_type": "lora", "quantization_bit": bits}
+        ch: dict[str, Any] = {"finetuning_type": "lora", "quantization_bit": bits, **lora_off}
         qs = replace(base, finetuning_type="lora", quantization_bit=bits, pure_bf16=False)
+        qs = replace(qs, custom=None) if lora_off else qs
         if not is_lora:
             ch.update({"lora_rank": 8, "lora_target": "all"})
             qs = replace(qs, lora_rank=8, lora_target="all", optimizer=base.optimizer)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftlaunch.plan.flags import truthy
+from ftlaunch.plan.memory.optimizers import CustomOptimizer, custom_optimizer
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class TrainSetup:
     offload_optimizer: bool = False
     offload_params: bool = False
     world_size: int = 1
+    # what LLaMA-Factory's create_custom_optimizer builds instead of ``optimizer`` (GaLore, APOLLO,
+    # BAdam, Adam-mini, Muon; plan/memory/optimizers.py), None for HF's own
+    custom: CustomOptimizer | None = None
 
 
 def _attn_from_flash_attn(value: Any) -> str:
@@ -162,4 +166,5 @@ def setup_from_config(
         offload_optimizer=off_opt,
         offload_params=off_par,
         world_size=max(1, int(world_size)),
+        custom=custom_optimizer(c),
     )

@@ -84,6 +84,10 @@ def unsupported(setup: TrainSetup, model_config: Mapping[str, Any] | None = None
     o = setup.optimizer.lower()
     if "8bit" in o or "bnb" in o or "paged" in o or "4bit" in o:
         out.append(f"optimizer {setup.optimizer} (bitsandbytes, CUDA only)")
+    elif not (o.startswith("adamw_torch") or o == "sgd"):
+        out.append(f"optimizer {setup.optimizer} (the simulator builds torch's AdamW and SGD only)")
+    if setup.custom is not None:
+        out.append(f"{setup.custom.kind} (LLaMA-Factory's custom optimizer; its package is not simulated)")
     if setup.attn_impl == "fa2":
         out.append("flash-attention 2 (CUDA kernels)")
     if setup.zero_stage:

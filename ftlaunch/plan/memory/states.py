@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ftlaunch.plan.memory.optimizers import (
+    badam_block,
+    layerwise_gradient_bytes,
+    optimizer_bytes,
+    optimizer_state_bytes,
+    optimizer_step_transient,
+)
 from ftlaunch.plan.memory.setup import TrainSetup
 from ftlaunch.plan.modelspec import ModelSpec, layer_params, linear_shapes
 
@@ -59,9 +66,13 @@ def trainable_params(spec: ModelSpec, setup: TrainSetup) -> int:
 
     full: all; freeze: |freeze_trainable_layers| decoder layers (llamafactory _setup_freeze_tuning,
     freeze_trainable_modules=all); lora/oft: r * (in + out) per wrapped nn.Linear (lora_A: r x in,
-    lora_B: out x r).
+    lora_B: out x r). BAdam in layer mode: one decoder layer at a time (the block its
+    switch_trainable_params leaves requiring grad; optimizers.badam_block).
     """
     ft = setup.finetuning_type
+    custom = setup.custom
+    if custom is not None and custom.kind == "badam" and custom.badam_mode != "ratio" and ft in ("full", "freeze"):
+        return int(round(badam_block(spec, custom)))
     if ft == "full":
         return spec.params
     if ft == "freeze":
@@ -110,44 +121,6 @@ def _quant_bytes_per_param(bits: int, in_features: int) -> float:
     if bits == 8:
         return 1.0 + 4 / max(1, in_features)
     return bits / 8 + 4 / 64
-
-
-def optimizer_state_bytes(optim: str, state_bytes: int, spec: ModelSpec) -> float:
-    """Optimizer state bytes per trainable parameter (states kept in the parameter's dtype).
-
-    HF "model memory anatomy": AdamW 8 bytes/param (two fp32 moments), 8-bit AdamW (bitsandbytes)
-    2 bytes (+ one fp32 absmax per 256-value block per state), Adafactor ~4 bytes per row+column of
-    each matrix (factored second moment, no first moment by default), SGD 0 (HF passes no momentum).
-    """
-    o = optim.lower()
-    if "8bit" in o or "bnb" in o:
-        states = 1 if "lion" in o else 2
-        return states * (1 + 4 / 256)
-    if "4bit" in o:
-        return 2 * (0.5 + 4 / 128)
-    if "adafactor" in o:
-        return state_bytes * 2 / spec.hidden_size
-    if o.startswith("sgd"):
-        return 0.0
-    if "lion" in o or "adagrad" in o or "rmsprop" in o:
-        return state_bytes * 1.0
-    if "ademamix" in o:
-        return state_bytes * 3.0
-    return state_bytes * 2.0  # AdamW family (adamw_torch, _fused, adamw_hf, apex, galore, ...)
-
-
-def _optimizer_step_transient(optim: str) -> float:
-    """Multiples of the trainable parameter bytes allocated as temporaries at optimizer.step().
-
-    torch.optim foreach implementations (the default for adamw_torch on CUDA) use "~ sizeof(params)
-    more peak memory than the for-loop version due to the intermediates" (torch.optim docs; in
-    _multi_tensor_adam it is exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)). Fused and
-    bitsandbytes optimizers update in place.
-    """
-    o = optim.lower()
-    if "fused" in o or "8bit" in o or "bnb" in o or "4bit" in o or o.startswith("sgd") or "adafactor" in o:
-        return 0.0
-    return 1.0
 
 
 def deepspeed_zero2_gpu_bytes(total_params: int, num_gpus: int, cpu_offload: bool) -> tuple[int, int]:
@@ -241,6 +214,20 @@ def model_states(spec: ModelSpec, setup: TrainSetup, trainable: int) -> ModelSta
     adapter = T if ft in ("lora", "oft") else 0
     frozen_bytes = base_bytes * (1 - base_trainable / P) if P else 0.0
 
+    custom = setup.custom
+    badam = custom is not None and custom.kind == "badam" and ft in ("full", "freeze")
+    if setup.zero_stage == 0 and badam:
+        # BAdam (block_optim.py step_single_gpu): the model stays in its load dtype (adapter.py:319, no
+        # upcast, so no autocast copies); the active block gets an fp32 copy (param_idx2hp) whose fp32
+        # gradient is made from the 16-bit one at the step (_grad_to_hp); the base optimizer's states
+        # cover that copy only.
+        block = badam_block(spec, custom)
+        resident = base_bytes + 4 * block
+        grads = T * act_bytes  # the 16-bit gradients of what requires grad (ratio mode: everything)
+        opt = block * optimizer_state_bytes(setup.optimizer, 4, spec)
+        transient = 4 * block * (1 + optimizer_step_transient(setup.optimizer))
+        return ModelStates(resident, resident, grads, opt, transient, 0.0)
+
     if setup.zero_stage == 0:
         upcast = not setup.pure_bf16  # adapter.py: cast_trainable_params_to_fp32
         wt = 4 if upcast else act_bytes  # trainable param (and grad, state) dtype
@@ -248,8 +235,10 @@ def model_states(spec: ModelSpec, setup: TrainSetup, trainable: int) -> ModelSta
         resident = frozen_bytes + T * wt
         weights = resident + T * amp_copy
         grads = T * wt
-        opt = T * optimizer_state_bytes(setup.optimizer, wt, spec)
-        transient = T * wt * _optimizer_step_transient(setup.optimizer)
+        ob = optimizer_bytes(spec, setup.optimizer, custom, ft, T, wt)
+        opt, transient = ob.states, ob.transient
+        if custom is not None and custom.projected and custom.layerwise:
+            grads = min(grads, layerwise_gradient_bytes(spec, wt))  # stepped and freed one by one
         head_copy = 0.0
         emb_extra = 0.0
         if ft == "full":
@@ -269,7 +258,8 @@ def model_states(spec: ModelSpec, setup: TrainSetup, trainable: int) -> ModelSta
     # DeepSpeed: module cast to 16-bit, fp32 master + fp32 grad partition + states in fp32
     half = 2 if act_bytes == 2 else 4
     params16 = frozen_bytes * (half / act_bytes) + (base_trainable + adapter) * half
-    states_per_t = 4 + optimizer_state_bytes(setup.optimizer, 4, spec)  # master + optimizer states
+    ob = optimizer_bytes(spec, setup.optimizer, custom, ft, T, 4)  # the optimizer over fp32 masters
+    states_per_t = 4 + ob.states / max(1, T)  # master + optimizer states
     fp32_grad = 4.0
     transient = 0.0
     host = 0.0
@@ -282,7 +272,7 @@ def model_states(spec: ModelSpec, setup: TrainSetup, trainable: int) -> ModelSta
         else:
             grads = T * half + T * fp32_grad / n
             opt = T * states_per_t / n
-            transient = T * 4 / n * _optimizer_step_transient(setup.optimizer)
+            transient = ob.transient / n
         return ModelStates(weights, weights, grads, opt, transient, host)
 
     # ZeRO-3
@@ -299,5 +289,5 @@ def model_states(spec: ModelSpec, setup: TrainSetup, trainable: int) -> ModelSta
     else:
         grads = T * fp32_grad / n
         opt = T * states_per_t / n
-        transient = T * 4 / n * _optimizer_step_transient(setup.optimizer)
+        transient = ob.transient / n
     return ModelStates(weights, weights, grads, opt, transient, host)
