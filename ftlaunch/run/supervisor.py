@@ -631,14 +631,15 @@ def main(argv: list[str] | None = None) -> int:
         # Its stdout/stderr is supervisor.log, on the filesystem that may fill: never raise from there.
         quiet_std_streams(supervisor.journal.unwritten)
         return supervisor.run()
-    except FtlaunchError as exc:
-        quiet_print(f"ftlaunch supervisor: {exc}")
-        return int(exc.exit_code)
-    except Exception as exc:  # its own failure: the cause is left for `status`, the trainer runs on
-        if supervisor is None:
-            raise
+    except Exception as exc:
+        if supervisor is None or supervisor.journal.last_word is None:  # it never took the run over
+            if not isinstance(exc, FtlaunchError):
+                raise
+            quiet_print(f"ftlaunch supervisor: {exc}")
+            return int(exc.exit_code)
+        # Its own failure: the cause is left where `status` finds it, and the trainer runs on.
         supervisor.journal.died(exc, supervisor.trainer)
-        return 1
+        return int(exc.exit_code) if isinstance(exc, FtlaunchError) else 1
 
 
 if __name__ == "__main__":

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from ftlaunch.run.journal import LastWord, OutputLog, QuietStream, RunJournal, read_last_word
+from ftlaunch.run.state import RunState, RunStatus
+from ftlaunch.run.store import read_events, write_state
+from ftlaunch.run.view import run_view
+
 from ..conftest import child_env, tiny_config, write_yaml
 from .test_e2e_detached import ftl, slow_env, trainer_steps, wait_for
 from .test_e2e_disk import fill, tmpfs
-
-pytestmark = pytest.mark.e2e
 
 NOTICE = "could not be written while its folder refused writes"
 
@@ -35,6 +40,7 @@ def _steps(out: Path) -> list[int]:
         return []
 
 
+@pytest.mark.e2e
 def test_a_detached_run_survives_a_full_home_and_ends_succeeded(tiny, tmp_path, isolated_home):
     out = tmp_path / "out"
     # 64 rows, 2 x 2 a step, 2.5 epochs: 40 steps (the fault run's length), a checkpoint every 10
@@ -77,3 +83,111 @@ def test_a_detached_run_survives_a_full_home_and_ends_succeeded(tiny, tmp_path, 
         assert all("the trainer kept running" in n for n in notices)
         assert sum(e["records"] for e in events) >= 1
         assert "Traceback" not in (run_dir / "supervisor.log").read_text(errors="replace")
+
+
+# ---------------------------------------------------------------- the parts, on /dev/full (ENOSPC on every write)
+
+
+def _full(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.symlink_to("/dev/full")
+
+
+def _room(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.touch()
+
+
+def _run_dir(tmp_path: Path, **state) -> Path:
+    run_dir = tmp_path / "runs" / "20260101-000000-abcd"
+    run_dir.mkdir(parents=True)
+    write_state(run_dir, RunState(id=run_dir.name, status=RunStatus.RUNNING, **state))
+    return run_dir
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_what_could_not_be_written_is_counted_once_and_said_once_per_spell(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    run_dir = _run_dir(tmp_path)
+    log, events = run_dir / "train.log", run_dir / "events.jsonl"
+    journal = RunJournal(run_dir)
+    _full(log), _full(events)
+    for i in range(3):
+        journal.say(f"line {i}")  # 3 records
+    journal.stopping(15)  # an event: 1 record
+    out = OutputLog(journal)
+    out.write(b"x" * 100)  # 100 bytes of trainer output
+    out.close()
+    _room(log), _room(events)
+    journal.say("room again")
+    first = log.read_text()
+    _full(log)
+    journal.say("lost again")  # a second spell: counted from 0
+    _room(log)
+    OutputLog(journal).write(b"output again\n")  # the pump's write that goes through says it too
+    notices = [line for line in (first + log.read_text()).splitlines() if NOTICE in line]
+    assert len(notices) == 2, log.read_text()
+    assert "4 record(s) of the run and 100 byte(s) of trainer output" in notices[0]
+    assert notices[1].startswith("ftlaunch: 1 record(s) of the run could not be written"), notices[1]
+    said = [(e["records"], e["output_bytes"]) for e in read_events(run_dir) if e["event"] == "unwritten"]
+    assert said == [(4, 100), (1, 0)]  # one event per spell too
+    assert "No space left on device" in notices[0]
+
+
+def test_a_stream_on_a_full_disk_drops_and_counts_instead_of_raising(tmp_path):
+    journal = RunJournal(tmp_path)
+    fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        stream = QuietStream(fd, journal.unwritten)
+        print("a line that cannot be written", file=stream, flush=True)
+    finally:
+        os.close(fd)
+    spell = journal.unwritten.take()
+    assert spell is not None and spell[3] == len("a line that cannot be written\n")
+
+
+def test_a_supervisor_that_fails_leaves_its_cause_and_outlives_nothing(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = _run_dir(tmp_path, output_dir=str(out))
+    journal = RunJournal(run_dir)
+    pid = _dead_pid()  # the failed supervisor, gone by the time `status` looks
+    journal.supervising(pid, None)
+    assert (run_dir / ".last-word.json").stat().st_size == 8192  # reserved while there was room
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit(3)"])
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        journal.died(exc, trainer)
+    assert trainer.returncode == 3  # it waited for its trainer rather than take it down
+    view = run_view(run_dir)
+    assert view.status is RunStatus.LOST
+    flat = " ".join(str(view.message).split())
+    assert f"its supervisor (pid {pid}) failed: RuntimeError: boom" in flat, flat
+    assert "its trainer ran on to its end, exit code 3" in flat and "resume" in flat
+    assert view.to_json()["supervisor_last_word"]["where"] == str(run_dir / ".last-word.json")
+
+
+def test_a_last_word_goes_beside_the_output_dir_or_to_the_temp_folder_when_its_room_is_gone(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = _run_dir(tmp_path, output_dir=str(out))
+    pid = _dead_pid()
+    where = LastWord(run_dir, pid, 1.5, str(out)).leave(status="succeeded", exit_code=0, message="done", cause="x")
+    assert where is not None and where.parent == out  # nothing reserved in the run folder
+    assert read_last_word(run_dir, str(out), pid, 1.5)["status"] == "succeeded"
+    assert read_last_word(run_dir, str(out), pid, 2.5) is None  # another supervisor of the same pid
+    where.unlink()
+    temp = LastWord(run_dir, pid, None, None).leave(cause="RuntimeError: boom")
+    try:
+        assert temp is not None and run_dir.name in temp.name
+        assert read_last_word(run_dir, None, pid, None)["cause"] == "RuntimeError: boom"
+    finally:
+        LastWord(run_dir, pid, None, None).clear()
+    assert not temp.exists()

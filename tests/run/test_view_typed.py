@@ -24,7 +24,8 @@ def test_a_dead_supervisors_run_is_lost_typed_and_its_json_keeps_the_plain_strin
     assert list(d)[:3] == ["id", "name", "status"] and list(d)[-4:] == [
         "tokens_per_second", "wall_seconds", "gpu_hours", "gpu_hours_projected",
     ]  # fmt: skip
-    assert d["no_progress_attempts"] == 0 and d["stall_phase"] is None and len(d) == 43
+    assert d["no_progress_attempts"] == 0 and d["stall_phase"] is None and len(d) == 44
+    assert d["supervisor_last_word"] is None  # no supervisor left one (issue 31)
 
 
 def test_an_unreadable_run_is_a_view_with_its_four_keys(tmp_path):
