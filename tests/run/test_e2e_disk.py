@@ -20,6 +20,7 @@ from ftlaunch.plan.disk import DiskForecast, headroom, human
 from ftlaunch.run.disk import free_bytes, tree_bytes
 
 from ..conftest import child_env, tiny_config, write_yaml
+from ..helpers import said
 from .test_e2e_detached import ftl, slow_env, status, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -116,7 +117,7 @@ def test_too_small_for_one_checkpoint_is_refused_before_start(tiny, tmp_path, is
         assert r.returncode == 17, r.stdout + r.stderr
         err = " ".join(r.stderr.split())  # rich wraps long lines
         assert f"one checkpoint takes {human(measured.forecast.checkpoint_bytes)}" in err, err
-        assert str(mnt) in "".join(r.stderr.split()) and "tmpfs" in err, err  # a long path folds anywhere
+        assert said(str(mnt), r.stderr) and "tmpfs" in err, err  # a long path folds anywhere
         assert f"{human(free_bytes(mnt))} free" in err and "save_only_model" in err and "Traceback" not in err
         assert not out.exists()  # the trainer never started: it would have made output_dir
         assert not (isolated_home / "runs").exists() or not any((isolated_home / "runs").iterdir())
@@ -132,7 +133,7 @@ def test_room_for_one_of_three_is_warned_at_start(tiny, tmp_path, isolated_home,
         try:
             err = " ".join(r.stderr.split())
             assert "warning: the disk fills at step 12" in err and "1 of 3 checkpoints" in err, err
-            assert str(mnt) in "".join(r.stderr.split())
+            assert said(str(mnt), r.stderr)
             st = state_of(isolated_home)
             assert st["disk"]["verdict"]["kind"] == "warn" and st["disk"]["verdict"]["fill_step"] == 12
             assert st["disk"]["saves"] == 3 and st["disk"]["save_every"] == 6
@@ -162,7 +163,9 @@ def test_full_ftlaunch_home_exits_12_without_a_traceback(tiny, tmp_path):
             r = ftl(*args, env=env)
             assert r.returncode == 12, (args, r.stdout + r.stderr)
             err = " ".join(r.stderr.split())
-            assert "Traceback" not in err and f"FTLAUNCH_HOME={home}" in err and "No space left on device" in err, err
+            assert "Traceback" not in err and said(f"FTLAUNCH_HOME={home}", err) and "No space left on device" in err, (
+                err
+            )
         for args in (("status", "full"), ("runs",), ("logs", "full")):  # reading still works
             r = ftl(*args, env=env)
             assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (args, r.stderr)
