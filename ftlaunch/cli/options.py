@@ -10,12 +10,36 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
+
+from ftlaunch.plan.hardware import MAX_CATALOG_GPUS, check_typed_machine
+
+# Bounds on the numbers a user types (issue 31): what exists, or what a run can use. The GPU counts
+# (--gpu CARDxN, --nodes, --source-gpus) are ftlaunch.plan.hardware's MAX_GPUS_PER_NODE / MAX_NODES.
+MAX_GLOBAL_BATCH = 1 << 20  # samples per optimizer step; the planner lists its divisors
+MAX_HOST_RAM_GIB = 65536.0  # 64 TiB, above the largest single machines
+MAX_STALL_TIMEOUT_S = 7 * 24 * 3600.0  # a week without progress is a stall by any measure
+MAX_RETRIES = 1000  # a retry budget beyond this is no budget
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option that must be a finite number within its range: click's FloatRange lets
+    ``nan`` through every bound (NaN compares false) and ``inf``/``1e309`` through any lower one."""
+
+    name = "float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number ({self._describe_range()}).", param, ctx)
+        return super().convert(rv, param, ctx)
 
 
 def env_now() -> dict[str, str]:
@@ -38,6 +62,20 @@ def compare_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return _target_options(f, many=True)
 
 
+def _machine_bounded(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The command with its typed machine checked before it runs: each --gpu CARDxN at most one node's
+    cards and --nodes at most ftlaunch.plan.hardware.MAX_NODES (exit 4 naming the limit)."""
+
+    @functools.wraps(f)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        gpu = kwargs.get("gpu")
+        specs = [gpu] if isinstance(gpu, str) else list(gpu or ())
+        check_typed_machine(specs, kwargs.get("nodes"))
+        return f(*args, **kwargs)
+
+    return checked
+
+
 def _target_options(f: Callable[..., Any], many: bool) -> Callable[..., Any]:
     more = " Repeat it to compare machines." if many else ""
     f = click.option(
@@ -54,10 +92,12 @@ def _target_options(f: Callable[..., Any], many: bool) -> Callable[..., Any]:
     )(f)
     f = click.option(
         "--source-gpus",
-        type=click.IntRange(min=1),
+        type=click.IntRange(min=1, max=MAX_CATALOG_GPUS),
         help="GPUs the config was written for (default 1); sets the source global batch.",
     )(f)
-    f = click.option("--global-batch", type=click.IntRange(min=1), help="Source global batch, set directly.")(f)
+    f = click.option(
+        "--global-batch", type=click.IntRange(min=1, max=MAX_GLOBAL_BATCH), help="Source global batch, set directly."
+    )(f)
     f = click.option(
         "--keep-devices",
         is_flag=True,
@@ -67,7 +107,7 @@ def _target_options(f: Callable[..., Any], many: bool) -> Callable[..., Any]:
     )(f)
     f = click.option(
         "--headroom",
-        type=click.FloatRange(0.0, 0.9),
+        type=FiniteFloat(0.0, 0.9),
         default=0.12,
         show_default=True,
         help="Share of GPU memory kept free.",
@@ -78,7 +118,7 @@ def _target_options(f: Callable[..., Any], many: bool) -> Callable[..., Any]:
         type=click.Path(dir_okay=False, exists=True),
         help="A config.json that sizes the model when the weights are elsewhere (hub id).",
     )(f)
-    return f
+    return _machine_bounded(f)
 
 
 def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,7 +132,7 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option(
         "--host-ram",
         "host_ram_gib",
-        type=click.FloatRange(min=1),
+        type=FiniteFloat(min=1, max=MAX_HOST_RAM_GIB),
         help="Host RAM in GiB to plan with (CPU offload); default: this machine's, or the catalog card's machine.",
     )(f)
     return f
@@ -112,14 +152,14 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--name", "run_name", help="A name for the run (default: the output_dir's last part).")(f)
     f = click.option(
         "--max-retries",
-        type=click.IntRange(min=0),
+        type=click.IntRange(min=0, max=MAX_RETRIES),
         default=4,
         show_default=True,
         help="OOM recovery steps without progress before giving up.",
     )(f)
     f = click.option(
         "--max-crash-retries",
-        type=click.IntRange(min=0),
+        type=click.IntRange(min=0, max=MAX_RETRIES),
         default=2,
         show_default=True,
         help="Retries after a crash that is not an OOM or a config error.",
@@ -137,7 +177,7 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     )(f)
     f = click.option(
         "--stall-timeout",
-        type=click.FloatRange(min=1),
+        type=FiniteFloat(min=1, max=MAX_STALL_TIMEOUT_S),
         default=None,
         help="Seconds without progress (a new step or a growing checkpoint) after which the trainer is "
         "stalled: stacks dumped, restarted from the last checkpoint. Default: max(600, 5x the longest "
@@ -145,7 +185,7 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     )(f)
     f = click.option(
         "--max-stall-restarts",
-        type=click.IntRange(min=0),
+        type=click.IntRange(min=0, max=MAX_RETRIES),
         default=2,
         show_default=True,
         help="Restarts after a stall before the run ends `stalled`.",

@@ -179,50 +179,104 @@ def _norm(name: str) -> str:
     return re.sub(r"[^A-Z0-9]", "", name.upper())
 
 
-def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
-    """``V100-32GB``, ``A100-80GBx4``, ``4xA100-80GB`` or ``none`` -> a Hardware value."""
+# What exists, as bounds on the counts a user types (issue 31): the largest single machines have 16
+# GPUs (DGX-2, HGX-2; HGX H100/H200/B200 have 8), and a fine-tuning job across more than 1,024 such
+# nodes is outside what ftlaunch plans. Beyond them a typo (`H100x1000`, `x99999999999999999999`)
+# is refused (exit 4) before anything is sized by it.
+MAX_GPUS_PER_NODE = 16
+MAX_NODES = 1024
+# The most cards a catalog machine may hold: a Slurm job's whole cluster, nodes x GPUs per node.
+MAX_CATALOG_GPUS = MAX_GPUS_PER_NODE * MAX_NODES
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """A typed value as an error message shows it: whole, or its start and its length."""
+    return text if len(text) <= limit else f"{text[:24]}...({len(text)} characters)"
+
+
+def parse_gpu_spec(spec: str) -> tuple[str, int]:
+    """``V100-32GB``, ``A100-80GBx4``, ``4xA100-80GB`` -> (catalog key, card count); ``none`` -> ("none", 0).
+    HardwareError for an unknown or ambiguous card, a count below 1 or above MAX_CATALOG_GPUS (read
+    from its digits first: a count is never made an int of any size, nor anything sized by it)."""
     text = spec.strip()
     if not text:
         raise HardwareError(
-            f"--gpu {spec!r} names no card",
+            f"--gpu {_short(spec)!r} names no card",
             hint=f"use one of: {', '.join(CATALOG)}, optionally with xN (e.g. A100-80GBx4), or 'none' for the CPU; "
             "leave --gpu out to probe this machine",
         )
     if text.lower() in {"none", "cpu"}:
-        return Hardware(source="catalog:none", host_ram_gib=host_ram_gib)
-    count = 1
+        return "none", 0
+    digits = "1"
     m = re.fullmatch(r"(.+?)\s*[xX\*]\s*(\d+)", text) or None
     names = [_norm(k) for k in CATALOG]
     whole_is_a_name = any(n.startswith(_norm(text)) for n in names)  # "RTX4090" is not "RT" x 4090
     # Nor is "RTX9090" (no such card) "RT" x 9090: an x that continues a card's name is no count.
     x_in_a_name = bool(m) and any(n.startswith(_norm(m.group(1)) + "X") for n in names)
     if m and not whole_is_a_name and not x_in_a_name and any(n.startswith(_norm(m.group(1))) for n in names):
-        text, count = m.group(1), int(m.group(2))
+        text, digits = m.group(1), m.group(2)
     else:
         m2 = re.fullmatch(r"(\d+)\s*[xX\*]\s*(.+)", text)
         if m2:
-            count, text = int(m2.group(1)), m2.group(2)
+            digits, text = m2.group(1), m2.group(2)
     wanted = _norm(text)
     matches = [k for k in CATALOG if _norm(k) == wanted]
     if not matches:
         # Accept "H100" for "H100-80GB" and "V100" when the prefix is unambiguous.
         matches = [k for k in CATALOG if _norm(k).startswith(wanted)]
+    digits = digits.lstrip("0") or "0"
+    count = int(digits) if len(digits) <= len(str(MAX_CATALOG_GPUS)) else MAX_CATALOG_GPUS + 1
     if count < 1:
-        raise HardwareError(f"--gpu {spec!r}: the card count must be 1 or more", hint="e.g. A100-80GBx4")
+        raise HardwareError(f"--gpu {_short(spec)!r}: the card count must be 1 or more", hint="e.g. A100-80GBx4")
+    if count > MAX_CATALOG_GPUS:
+        raise HardwareError(
+            f"--gpu {_short(spec)!r}: {_short(digits)} cards is more than any machine ftlaunch plans for (at most "
+            f"{MAX_GPUS_PER_NODE} GPUs per node, {MAX_NODES} nodes: {MAX_CATALOG_GPUS} in all)",
+            hint=f"give the GPUs of one node, e.g. --gpu A100-80GBx8 (at most x{MAX_GPUS_PER_NODE}); "
+            "several nodes are `train --slurm --nodes N`",
+        )
     if len(matches) > 1:
         raise HardwareError(
-            f"--gpu {spec!r} is ambiguous: it could be {' or '.join(matches)}",
+            f"--gpu {_short(spec)!r} is ambiguous: it could be {' or '.join(matches)}",
             hint=f"name one of them, e.g. --gpu {matches[0]}" + (f"x{count}" if count > 1 else ""),
         )
     if not matches:
         by_norm = {_norm(k): k for k in CATALOG}
         near = [by_norm[n] for n in difflib.get_close_matches(wanted, list(by_norm), n=3, cutoff=0.7)]
         raise HardwareError(
-            f"--gpu {spec!r} is not in the catalog" + (f" (closest: {', '.join(near)})" if near else ""),
+            f"--gpu {_short(spec)!r} is not in the catalog" + (f" (closest: {', '.join(near)})" if near else ""),
             hint=f"use one of: {', '.join(CATALOG)}, optionally with xN (e.g. A100-80GBx4), or 'none'; "
             "or capture the machine with `ftlaunch env --json` and pass --hardware FILE",
         )
-    key = matches[0]
+    return matches[0], count
+
+
+def check_typed_machine(specs: Sequence[str], nodes: int | None = None) -> None:
+    """The counts a user typed for one machine: each ``--gpu`` at most MAX_GPUS_PER_NODE cards (a
+    spec is one node; a Slurm job is ``--nodes`` of them) and ``--nodes`` at most MAX_NODES.
+    HardwareError (exit 4) naming the limit (or the card a spec names that is not in the catalog)."""
+    if nodes is not None and nodes > MAX_NODES:
+        raise HardwareError(
+            f"--nodes {nodes}: more nodes than ftlaunch plans a job for (at most {MAX_NODES})",
+            hint=f"at most --nodes {MAX_NODES} of up to {MAX_GPUS_PER_NODE} GPUs each",
+        )
+    for spec in specs:
+        _key, count = parse_gpu_spec(spec)
+        if count > MAX_GPUS_PER_NODE:
+            raise HardwareError(
+                f"--gpu {_short(spec)!r}: {count} GPUs in one machine; the largest have {MAX_GPUS_PER_NODE} "
+                f"(ftlaunch's limit per node)",
+                hint=f"give the GPUs of one node (at most x{MAX_GPUS_PER_NODE}); several nodes are "
+                "`train --slurm --nodes N --gpu CARDxN`, or compare a node with `estimate --gpu`",
+            )
+
+
+def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
+    """``V100-32GB``, ``A100-80GBx4``, ``4xA100-80GB`` or ``none`` -> a Hardware value (at most
+    MAX_CATALOG_GPUS cards: a Slurm job's cluster is one such value)."""
+    key, count = parse_gpu_spec(spec)
+    if key == "none":
+        return Hardware(source="catalog:none", host_ram_gib=host_ram_gib)
     full, mib, cc = CATALOG[key]
     gpus = tuple(Gpu(index=i, name=full, total_mib=mib, free_mib=mib, compute_capability=cc) for i in range(count))
     blocked = all_pairs(count) if key in NO_P2P else ()
@@ -230,7 +284,11 @@ def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
 
 
 def all_pairs(count: int) -> tuple[tuple[int, int], ...]:
-    return tuple((i, j) for i in range(count) for j in range(i + 1, count))
+    """The pairs of a node's cards, of at most MAX_GPUS_PER_NODE cards: peer to peer works within a
+    node, and a table of every pair of a cluster's cards would grow with the square of a typed count
+    (the planner asks only whether a pair among the cards it uses is blocked: the first node's say)."""
+    n = min(count, MAX_GPUS_PER_NODE)
+    return tuple((i, j) for i in range(n) for j in range(i + 1, n))
 
 
 def hardware_from_json(text: str, where: str | Path) -> Hardware:
@@ -284,6 +342,9 @@ def hardware_file_problems(data: Mapping[str, Any]) -> list[str]:
     gpus = data.get("gpus", [])
     if not isinstance(gpus, list):
         problems.append(f"gpus must be a list, got {type(gpus).__name__}")
+        gpus = []
+    if len(gpus) > MAX_GPUS_PER_NODE:
+        problems.append(f"gpus lists {len(gpus)} cards; one machine has at most {MAX_GPUS_PER_NODE}")
         gpus = []
     for i, g in enumerate(gpus):
         at = f"gpus[{i}]"
