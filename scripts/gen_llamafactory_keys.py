@@ -100,6 +100,17 @@ def field_kinds(cls: type) -> dict[str, str]:
     return out
 
 
+def field_defaults(cls: type) -> dict:
+    """{field: default} for every init field whose default is a plain value (no factory): what a key
+    the config leaves out is, for the rules ftlaunch checks before the trainer (ftlaunch.plan.rules)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        value = getattr(f.default, "value", f.default)  # a str Enum member: its text
+        if f.init and (value is None or isinstance(value, (bool, int, float, str))):
+            out[f.name] = value
+    return out
+
+
 def v1_kind(tp) -> str:
     """Kinds in the v1 schema: its plugin configs are dicts (PluginConfig), its choices StrEnums."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -139,9 +150,16 @@ def collect() -> dict:
     from llamafactory.hparams import parser
 
     keys: dict[str, str] = {}
+    defaults: dict = {}
     for cls in parser._TRAIN_ARGS:
         keys.update(field_kinds(cls))
-    return {"llamafactory": metadata.version("llamafactory"), "keys": dict(sorted(keys.items())), "v1": v1_schema()}
+        defaults.update(field_defaults(cls))
+    return {
+        "llamafactory": metadata.version("llamafactory"),
+        "keys": dict(sorted(keys.items())),
+        "defaults": dict(sorted(defaults.items())),
+        "v1": v1_schema(),
+    }
 
 
 if __name__ == "__main__":

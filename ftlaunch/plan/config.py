@@ -29,6 +29,7 @@ import yaml
 
 from ftlaunch.errors import ConfigError
 from ftlaunch.plan.flags import truthy
+from ftlaunch.plan.rules import config_refusals, missing_refusals
 
 # The header written into adapted YAMLs. A comment, because llamafactory rejects unknown keys;
 # planning reads it back so that re-planning an adapted config changes nothing.
@@ -230,6 +231,7 @@ def load_config(
     else:
         problems += mixed or validate_keys(merged)
         problems += validate_values(merged)
+        problems += [f"{rule.name}: {rule}" for rule in config_refusals(merged)]
     if problems:
         raise ConfigError(problems)
     return LoadedConfig(
@@ -392,38 +394,92 @@ def looks_like_path(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or value in {".", ".."}
 
 
+def what_if_reason(req: Any) -> str | None:
+    """Why a plan request is a what-if whose local paths need not exist on this machine, or None.
+
+    ``req`` is a plan request (ftlaunch.run.prepare.PlanRequest: gpu, hardware_file, model_config,
+    params, mirror, strict_files). A plan for another machine (``--gpu``, ``--hardware``), or of a model
+    sized without its weights (``--model-config``, ``--params``, the hub), plans a config written
+    elsewhere: its model, adapter, DeepSpeed JSON and checkpoint paths are the author's. A command
+    that starts training here (``strict_files``) never is one."""
+    if getattr(req, "strict_files", True):
+        return None
+    for attr, words in (
+        ("gpu", "a what-if for --gpu {}"),
+        ("hardware_file", "a what-if for the machine in --hardware {}"),
+        ("model_config", "the model is sized by --model-config {}"),
+        ("params", "the model is sized by --params {}"),
+        ("mirror", "the model is sized from the hub (--mirror {})"),
+    ):
+        value = getattr(req, attr, None)
+        if value is not None:
+            return words.format(value)
+    return None
+
+
+def _path_here(v: str, base_dir: Path) -> Path:
+    p = Path(os.path.expanduser(v))
+    return p if p.is_absolute() else base_dir / p
+
+
+def _model_or_adapter(key: str, v: str, base_dir: Path) -> tuple[str, str | None]:
+    """(the value with every local path made absolute, the first local path that is missing).
+
+    ``adapter_name_or_path`` may name several adapters, comma-separated (model_args.py:211 splits it);
+    each is a local folder or a hub repo id."""
+    parts = [part.strip() for part in v.split(",")] if key == "adapter_name_or_path" else [v]
+    out = []
+    for part in parts:
+        absolute = _path_here(part, base_dir)
+        if absolute.exists():
+            out.append(str(absolute.resolve()))
+        elif looks_like_path(part):
+            return v, part
+        else:
+            out.append(part)  # a hub repo id
+    return ",".join(out), None
+
+
 def resolve_paths(
-    values: Mapping[str, Any], base_dir: Path, *, strict: bool = True
+    values: Mapping[str, Any], base_dir: Path, *, strict: bool = True, what_if: str | None = None
 ) -> tuple[dict[str, Any], list[str], list[str]]:
     """Make path keys absolute. Returns (values, problems, warnings).
 
     strict: a missing dataset_info.json is a problem (train) rather than a warning (plan).
+    what_if: why the plan is for elsewhere (:func:`what_if_reason`); then a model, adapter, DeepSpeed
+    JSON or checkpoint path that is not on this machine is a warning naming it, not a problem.
     """
     out = dict(values)
     problems: list[str] = []
     warnings: list[str] = []
+
+    def missing(key: str, message: str) -> None:
+        if what_if is None:
+            problems.append(message)
+        else:
+            warnings.append(f"{message} on this machine: planned anyway, as {what_if}; `train` here would refuse it")
+
     for key in PATH_KEYS:
         v = out.get(key)
         if not isinstance(v, str) or not v:
             continue
         if key == "dataset_dir" and (v == "ONLINE" or v.startswith("REMOTE:")):
             continue  # llamafactory's markers for hub datasets, not folders
-        p = Path(os.path.expanduser(v))
-        absolute = p if p.is_absolute() else base_dir / p
+        absolute = _path_here(v, base_dir)
         if key in MAYBE_HUB_KEYS:
-            if absolute.exists():
-                out[key] = str(absolute.resolve())
-            elif looks_like_path(v):
-                problems.append(f"{key}: local path {v} does not exist")
-            continue  # else: a hub repo id
+            out[key], gone = _model_or_adapter(key, v, base_dir)
+            if gone is not None:
+                missing(key, f"{key}: local path {gone} does not exist")
+            continue
         if key == "deepspeed":
             if v.lstrip().startswith("{"):
                 continue  # inline JSON
             if not absolute.is_file():
-                problems.append(f"deepspeed: file {v} does not exist (resolved to {absolute})")
+                # a what-if reads the ZeRO stage from the file's name (plan.memory.setup.deepspeed_stage)
+                missing(key, f"deepspeed: file {v} does not exist (resolved to {absolute})")
                 continue
         if key == "resume_from_checkpoint" and not absolute.exists():
-            problems.append(f"resume_from_checkpoint: {v} does not exist")
+            missing(key, f"resume_from_checkpoint: {v} does not exist")
             continue
         out[key] = str(absolute.resolve()) if absolute.exists() else str(absolute)
     # dataset_info.json: llamafactory reads it from dataset_dir (default "data") unless ONLINE.
@@ -485,17 +541,21 @@ def undefined_datasets(values: Mapping[str, Any], info_path: Path) -> list[str]:
 
 
 def training_problems(values: Mapping[str, Any]) -> list[str]:
-    """What stops a config from training at all, for the commands that start a training run."""
+    """What stops a config from training at all, for the commands that start a training run: do_train
+    off, and LLaMA-Factory's refusals of a config without a model or, to train, a dataset."""
+    missing = [f"{rule.name}: {rule}" for rule in missing_refusals(values)]
     if "do_train" in values and values["do_train"] is not None and not truthy(values["do_train"]):
         return [
             f"key 'do_train' is {values['do_train']!r}: llamafactory would not train (only evaluate or "
-            "predict), and this command starts a training run; set do_train: true"
+            "predict), and this command starts a training run; set do_train: true",
+            *missing,
         ]
-    return []
+    return missing
 
 
 def load_deepspeed(values: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The DeepSpeed config named by ``deepspeed`` (a path or inline JSON), or None."""
+    """The DeepSpeed config named by ``deepspeed`` (a path or inline JSON), or None (none named, or a
+    file that is not on this machine: resolve_paths has refused it, or warned of it in a what-if)."""
     v = values.get("deepspeed")
     if not v:
         return None
@@ -506,6 +566,8 @@ def load_deepspeed(values: Mapping[str, Any]) -> dict[str, Any] | None:
         if text.lstrip().startswith("{"):
             return json.loads(text)
         return json.loads(Path(text).read_text())
+    except FileNotFoundError:
+        return None  # resolve_paths refused it, or warned (a what-if plan: the stage comes from the name)
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"deepspeed: {text} is not a readable JSON file: {exc}") from None
 

@@ -21,13 +21,14 @@ from ftlaunch.plan.config import (
     load_deepspeed,
     resolve_paths,
     training_problems,
+    what_if_reason,
 )
 from ftlaunch.plan.hardware import Hardware, catalog_hardware
 from ftlaunch.plan.memory.adapt import make_memory_chooser, model_spec_for
 from ftlaunch.plan.memory.store import config_key, recall
 from ftlaunch.plan.planner import Plan, PlanOptions, global_batch_for, plan
 from ftlaunch.plan.prepared import final_plan
-from ftlaunch.probe.hardware import load_hardware_file, probe
+from ftlaunch.probe.hardware import host_memory, load_hardware_file, probe
 from ftlaunch.run.store import new_run_id, runs_root
 
 
@@ -63,7 +64,11 @@ def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path
         raise HardwareError("--gpu and --hardware both given", hint="use one of them")
     if req.gpu is not None:  # `--gpu ''` names no card: refused by catalog_hardware, never a probe
         # A what-if for another machine never counts this machine's RAM (memory.adapt.host_ram_for assumes).
-        return catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib)
+        hw = catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib)
+        if not hw.gpus and req.host_ram_gib is None:  # --gpu none trains on this CPU: its RAM is the limit
+            total, available = host_memory()
+            hw = replace(hw, host_ram_gib=total, host_available_gib=available)
+        return hw
     if req.hardware_file:
         try:
             hw = load_hardware_file(req.hardware_file)
@@ -118,7 +123,9 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     loaded = load_config(req.config, req.overrides, cwd=req.cwd, use_v1=env_wants_v1(env))
     if loaded.v1:
         return make_v1_plan(req, env, loaded, run_id)
-    values, problems, warnings = resolve_paths(loaded.values, loaded.base_dir, strict=req.strict_files)
+    values, problems, warnings = resolve_paths(
+        loaded.values, loaded.base_dir, strict=req.strict_files, what_if=what_if_reason(req)
+    )
     # train, schedule add and estimate (strict) size a training run; plan only shows what it would be.
     (problems if req.strict_files else warnings).extend(training_problems(values))
     ds = None

@@ -24,3 +24,4 @@ def test_known_keys_match_installed_llamafactory():
     frozen = json.loads((ROOT / "ftlaunch" / "data" / "llamafactory_keys.json").read_text())
     assert live["llamafactory"] == frozen["llamafactory"]
     assert live["keys"] == frozen["keys"], "run scripts/gen_llamafactory_keys.py"
+    assert live["defaults"] == frozen["defaults"], "run scripts/gen_llamafactory_keys.py"

@@ -95,7 +95,9 @@ def test_a_key_llamafactory_splits_itself_refuses_a_list_in_both(parsed, tmp_pat
 
 def test_yaml_lists_load_like_comma_strings(tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text("stage: sft\nfinetuning_type: lora\nlora_target: [q_proj, k_proj]\ndataset:\n  - alpaca\n  - identity\n")
+    p.write_text(
+        "stage: sft\nfinetuning_type: lora\nlora_target: [q_proj, k_proj]\ndataset:\n  - alpaca\n  - identity\n"
+    )
     loaded = load_config(p, cwd=tmp_path)
     assert loaded.values["lora_target"] == ["q_proj", "k_proj"]
     assert load_config(p, ["lora_target=q_proj,k_proj"], cwd=tmp_path).values["lora_target"] == "q_proj,k_proj"
