@@ -8,6 +8,7 @@ back unchanged; a state of another ``version`` is refused (StateVersionError), n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
@@ -157,6 +158,34 @@ def _tuple_or_none(value: Any) -> tuple[str, ...] | None:
     return None if value is None else tuple(str(v) for v in value)
 
 
+def _finite_or_none(value: Any) -> Any:
+    """A number the state holds as a time, a rate or a size: NaN, an infinity or a non-number (an old
+    run's ``--stall-timeout nan``, a hand edit) reads as absent, never as a number to compute with."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _finite_values(value: Any) -> Any:
+    """A mapping of the watchdog's figures with each non-finite number read as absent."""
+    if not isinstance(value, Mapping):
+        return value
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in value.items()}
+
+
+# Numbers by contract: seconds, epoch times, rates, GiB (the progress's loss may be NaN: that is news).
+_FINITE_FIELDS = (
+    "pid_start",
+    "trainer_start",
+    "progress_at",
+    "steps_per_second",
+    "stall_timeout",
+    "predicted_peak_gib",
+    "observed_peak_gib",
+    "ended",
+)
+
+
 # The state fields that hold one of a fixed set of words.
 _KINDS: dict[str, type[StrEnum]] = {
     "status": RunStatus,
@@ -251,6 +280,8 @@ class RunState:
             "overrides": _tuple_or_none,
             "warnings": _tuple_or_none,
             "slurm_job_id": lambda v: None if v is None else str(v),
+            "stall": _finite_values,
+            **{name: _finite_or_none for name in _FINITE_FIELDS},
         }
         for name, fn in coerce.items():
             object.__setattr__(self, name, fn(getattr(self, name)))
