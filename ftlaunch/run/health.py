@@ -45,6 +45,7 @@ class Signal(StrEnum):
     SCALER_SKIPS = "scaler_skips"  # fp16: the loss scaler skipped step after step
     ZERO_GRAD_NORM = "zero_grad_norm"  # grad_norm exactly 0, step after step: a dead model
     FLAT_LOSS = "flat_loss"  # the same loss to float precision, step after step: a dead model
+    BAD_WEIGHTS = "bad_weights"  # the weights a finished run saved: not finite, or blown up (the scan)
 
 
 class OnDiverge(StrEnum):
@@ -69,10 +70,14 @@ class Thresholds:
     # One loss this many times the median of the attempt's first `min_history` losses is a divergence
     # at once, whatever the history (real lr 1e3: 6.2 at step 1, 2.1e7 at step 2).
     huge_spike_factor: float = 100.0
-    # Records in a row with grad_norm exactly 0, or with the same loss to `flat_rtol`, that make a dead
-    # run (real lr 1e4: grad_norm 0 and loss 6.2106008 +- 5e-7 from step 2 on).
+    # Training steps (first to last record of the run, inclusive) with grad_norm exactly 0, or with the
+    # same loss to `flat_rtol`, that make a dead run (real lr 1e4: grad_norm 0 and loss 6.2106008 +- 5e-7
+    # from step 2 on). Steps, not records: with `logging_steps: 10` two records already span 11 steps.
+    # A zero grad_norm run needs 2 records at least, a flat loss run `flat_records` (a live loss's
+    # logged average matches its neighbour to 1e-5 about once in a thousand records: one match is luck).
     dead_steps: int = 5
     flat_rtol: float = 1e-5
+    flat_records: int = 4
     # A checkpoint's weights are blown up above this x the reference's max |w| (the base model's, or
     # the previous clean checkpoint's for adapters); the real lr 1e4 run: 3.6e4 x the base.
     weight_factor: float = 100.0
@@ -191,6 +196,14 @@ def _bad(v: Verdict, b: BadRecord, records: int) -> Verdict:
     )
 
 
+def _dead(first: int | None, step: int | None, records: int, need_records: int, t: Thresholds) -> bool:
+    """A run of dead records (zero grad_norm, or the same loss) long enough: it spans ``dead_steps``
+    training steps in ``need_records`` records at least (``dead_steps`` records when steps are unknown)."""
+    if first is None or step is None:
+        return records >= t.dead_steps
+    return records >= min(need_records, t.dead_steps) and step - first + 1 >= t.dead_steps
+
+
 def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *, fp16: bool = False) -> Verdict:
     """Fold one record into the verdict. Records without a training loss (eval, the summary) count only.
 
@@ -225,7 +238,7 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
     if grad is not None:
         # A dead model: the optimizer has nothing to follow. Exactly 0, as HF logs it ('0').
         zero = ((step if zero[1] == 0 else zero[0]), zero[1] + 1) if grad == 0 else (None, 0)
-        if zero[1] >= t.dead_steps:
+        if _dead(zero[0], step, zero[1], 2, t):
             return _bad(v, BadRecord(zero[0], Signal.ZERO_GRAD_NORM, {"grad_norm": 0.0, "consecutive": zero[1]}), n)
     if loss is None:
         return replace(v, records=n, skips=skips, zero_grads=zero)
@@ -239,7 +252,7 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
         ref = statistics.median(firsts)
     f_step, f_loss, f_n = v.flat
     flat = (f_step, f_loss, f_n + 1) if f_n and abs(loss - f_loss) <= t.flat_rtol * abs(f_loss) else (step, loss, 1)
-    if flat[2] >= t.dead_steps:
+    if _dead(flat[0], step, flat[2], t.flat_records, t):
         return _bad(v, BadRecord(flat[0], Signal.FLAT_LOSS, {"loss": flat[1], "consecutive": flat[2]}), n)
     tracked = {"first_losses": firsts, "first_median": ref, "flat": flat, "zero_grads": zero}
     if len(v.recent) >= t.min_history:
@@ -306,6 +319,47 @@ def judge(
     for rec in records:
         v = observe(v, rec, t, fp16=fp16)
     return v
+
+
+# A run that ended while a dead or spiking tail was still too short for the rules above: the records
+# there are decide. Two zero grad_norms, three equal losses or two spikes in a row at the very end
+# (the last records come from the weights the run saves) are a divergence.
+END_ZERO_GRADS = 2
+END_FLAT = 3
+END_SPIKES = 2
+
+
+def judge_end(v: Verdict, t: Thresholds = Thresholds()) -> Verdict:
+    """The verdict of an attempt whose trainer finished (exit 0): a tail the streaming rules had not yet
+    called (issue 31: lr 1e4 in the last 4 of 40 steps, or with ``logging_steps: 10``) is judged with the
+    records there are. Pure; the weight scan of what the run saved is ``rollback.HealthWatch``'s."""
+    if v.diverged:
+        return v
+    first, n = v.zero_grads
+    if n >= min(END_ZERO_GRADS, t.dead_steps):
+        return _bad(
+            v, BadRecord(first, Signal.ZERO_GRAD_NORM, {"grad_norm": 0.0, "consecutive": n, "at_end": True}), v.records
+        )
+    f_step, f_loss, f_n = v.flat
+    if f_n >= min(END_FLAT, t.dead_steps):
+        return _bad(
+            v, BadRecord(f_step, Signal.FLAT_LOSS, {"loss": f_loss, "consecutive": f_n, "at_end": True}), v.records
+        )
+    if len(v.spikes) >= min(END_SPIKES, t.sustain):
+        first_spike = v.spikes[0]
+        values = {**first_spike.values, "sustained": len(v.spikes), "at_end": True}
+        return _bad(v, replace(first_spike, values=values), v.records)
+    return v
+
+
+def weights_verdict(v: Verdict, step: int | None, where: str, why: str) -> Verdict:
+    """The verdict when the records were fine but what the run saved is not (the weight scan). The last
+    good step stays: every record was judged good, so a checkpoint before ``step`` that a good record
+    followed is still a rollback target (its own weights are scanned before it is one)."""
+    b = BadRecord(step, Signal.BAD_WEIGHTS, {"where": where, "why": why})
+    return replace(
+        v, health=Health.DIVERGED, first_bad=b, spikes=(), skips=(), zero_grads=(None, 0), flat=(None, 0.0, 0)
+    )
 
 
 def history_is_clean(

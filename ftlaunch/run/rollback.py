@@ -41,9 +41,11 @@ from ftlaunch.run.health import (
     fp32_fits,
     judge,
     judge_checkpoints,
+    judge_end,
     judge_weights,
     parse_console,
     thresholds_from,
+    weights_verdict,
 )
 from ftlaunch.run.progress import checkpoint_dirs, checkpoint_problems
 from ftlaunch.run.store import append_event, read_events, read_plan, read_state, update_state
@@ -113,11 +115,15 @@ def checkpoints_of(
     fp16: bool,
     scan: Callable[[list[tuple[str, str]]], dict[str, Any]] | None = None,
     base: str | None = None,
+    known_bad: Mapping[str, str] | None = None,
 ) -> list[Checkpoint]:
     """Complete checkpoints, judged on their own history, the record after each and (with ``scan``)
-    their weights against the base model's (``base``: model_name_or_path)."""
+    their weights against the base model's (``base``: model_name_or_path). ``known_bad``: checkpoints
+    a scan already ruled out (the end-of-run scan), with why."""
     complete = list(complete)
     cks = judge_checkpoints(verdict, [(s, p.name, read_history(p)) for s, p in complete], t, fp16=fp16)
+    known = known_bad or {}
+    cks = [replace(c, clean=False, why=known[c.name], aside_as="badweights") if c.name in known else c for c in cks]
     candidates = [(c.name, str(p)) for c, (_, p) in zip(cks, complete, strict=True) if c.clean]
     if scan is None or not candidates:
         return cks
@@ -142,6 +148,42 @@ def scan_weights(python: str, folders: list[tuple[str, str]], timeout: float = 3
     return found if isinstance(found, dict) else {}
 
 
+def final_weights(output_dir: Path) -> list[Path]:
+    """The model a finished run saved in output_dir itself (what ``set_aside_final`` moves)."""
+    found = [output_dir / n for n in FINAL_WEIGHTS if (output_dir / n).is_file()]
+    return found + sorted(output_dir.glob("model-*-of-*.safetensors"))
+
+
+FINAL = "final model"  # the label of output_dir's own weights in an end-of-run scan
+
+
+def end_scan_problems(
+    out: Path,
+    complete: list[tuple[int, Path]],
+    last_step: int | None,
+    scan: Callable[[list[tuple[str, str]]], dict[str, Any]],
+    base: str | None,
+    factor: float,
+) -> tuple[list[Checkpoint], list[str]]:
+    """What a finished run saved, scanned as a rollback scans its target: the final model in output_dir
+    and the last complete checkpoint (and the first, the reference for adapters, whose tensors the base
+    model does not share). Returns the ruled-out ones, oldest first; empty when all pass or nothing
+    could be scanned (no safetensors, no numpy: the records decide); and the labels scanned."""
+    picked = list(dict.fromkeys([complete[0], complete[-1]])) if complete else []
+    folders = [(p.name, str(p)) for _, p in picked]
+    step = max([s for s, _ in picked] + [last_step or 0])
+    if final_weights(out):
+        folders.append((FINAL, str(out)))
+    if not folders:
+        return [], []
+    found = scan(folders + ([("\0base", base)] if base else []))
+    cks = [Checkpoint(s, p.name, True) for s, p in picked] + (
+        [Checkpoint(step, FINAL, True)] if FINAL in dict(folders) else []
+    )
+    judged = judge_weights(cks, found, found.get("\0base"), factor)
+    return [c for c in judged if not c.clean], [label for label, _ in folders]
+
+
 def set_aside(
     output_dir: Path, names: Iterable[str | tuple[str, str]], stamp: int, prefix: str = "diverged"
 ) -> list[str]:
@@ -160,8 +202,7 @@ def set_aside(
 
 def set_aside_final(output_dir: Path, stamp: int) -> list[str]:
     """A diverged attempt that reached the end saved its (garbage) model in output_dir: move it aside."""
-    found = [output_dir / n for n in FINAL_WEIGHTS if (output_dir / n).is_file()]
-    found += sorted(output_dir.glob("model-*-of-*.safetensors"))
+    found = final_weights(output_dir)
     if not found:
         return []
     box = free_name(output_dir, f"diverged-final-{stamp}")
@@ -251,6 +292,7 @@ class HealthWatch:
         self.verdict = Verdict()
         self.halt = False
         self.grad_norms, self.loss_steps, self.merged, self.last_console = [], [], 0, None
+        self.known_bad: dict[str, str] = {}  # checkpoints the end-of-run scan ruled out, with why
 
     def start(self) -> None:
         self.verdict, self.halt = Verdict(), False
@@ -261,6 +303,7 @@ class HealthWatch:
         self.last_console: dict[str, Any] | None = None
         self.loss_steps: list[int | None] = []
         self.merged = 0
+        self.known_bad = {}
         update_state(self.run_dir, health=self.verdict.to_dict())
 
     def console(self, line: str) -> None:
@@ -292,6 +335,10 @@ class HealthWatch:
         records = self._with_grad_norms(records)
         before = self.verdict.health
         self.verdict = judge(records, self.thresholds, fp16=self.fp16, start=self.verdict)
+        return self._told(before)
+
+    def _told(self, before: Health) -> bool:
+        """Record a change of health; a new divergence once (event, state, a marker in train.log)."""
         v = self.verdict
         if v.health is not before:
             update_state(self.run_dir, health=v.to_dict())
@@ -305,6 +352,40 @@ class HealthWatch:
             self.halt = self.policy is not OnDiverge.IGNORE
             return self.halt
         return False
+
+    def judge_end(self, out: Path, values: Mapping[str, Any], weights_only: bool) -> None:
+        """A trainer that finished (exit 0) is not yet a success: the records' tail is judged with the
+        records there are (``health.judge_end``), and what it saved (the final model, the last complete
+        checkpoint) goes through the weight scan a rollback uses. Either failing is a divergence, handled
+        by ``after`` like any other (roll back to a clean checkpoint, or end ``diverged`` saying why)."""
+        before = self.verdict.health
+        self.verdict = judge_end(self.verdict, self.thresholds)
+        scanned: list[str] = []  # labels
+        t0 = time.monotonic()
+        if not self.verdict.diverged:
+            complete = [(s, p) for s, p in checkpoint_dirs(out) if not checkpoint_problems(p, weights_only)]
+            python = python_of(self._trainer())
+            bad, scanned = end_scan_problems(
+                out,
+                complete,
+                self.verdict.good_steps[-1] if self.verdict.good_steps else None,
+                lambda folders: scan_weights(python, folders),
+                str(values.get("model_name_or_path") or "") or None,
+                self.thresholds.weight_factor,
+            )
+            if bad:
+                self.known_bad = {c.name: c.why for c in bad if c.name != FINAL}
+                first = bad[0]
+                self.verdict = weights_verdict(self.verdict, first.step, first.name, first.why)
+        append_event(
+            self.run_dir,
+            "end_judged",
+            healthy=not self.verdict.diverged,
+            scanned=scanned,
+            weight_scan_s=round(time.monotonic() - t0, 3),
+            verdict=self.verdict.message(),
+        )
+        self._told(before)
 
     def _trainer(self) -> str | None:
         from ftlaunch.run.trainer import find_trainer
@@ -325,9 +406,12 @@ class HealthWatch:
                 done.append(str(ev.get("remedy")))
         return done
 
-    def after(self, out: Path, values: dict[str, Any], weights_only: bool) -> Decision | None:
-        """After a diverged attempt: set checkpoints aside, prepare the rollback; None when healthy."""
+    def after(self, out: Path, values: dict[str, Any], weights_only: bool, *, done: bool = False) -> Decision | None:
+        """After a diverged attempt: set checkpoints aside, prepare the rollback; None when healthy.
+        ``done``: the trainer exited 0 on its own, so its end is judged first (``judge_end``)."""
         self.feed([])  # console grad_norms that arrived after the last record
+        if done and not self.verdict.diverged:
+            self.judge_end(out, values, weights_only)
         if not self.verdict.diverged or self.policy is OnDiverge.IGNORE:
             return None
         plan = read_plan(self.run_dir)
@@ -342,6 +426,7 @@ class HealthWatch:
             fp16=self.fp16,
             scan=lambda folders: scan_weights(python, folders),
             base=str(values.get("model_name_or_path") or "") or None,
+            known_bad=self.known_bad,
         )
         scanned = time.monotonic() - t0
         d = decide(
