@@ -139,6 +139,10 @@ class QuietStream(io.TextIOBase):
         self._fd = fd
         self.unwritten = unwritten
 
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
     def writable(self) -> bool:
         return True
 
@@ -293,6 +297,22 @@ def read_last_word(
     return None
 
 
+# Free space that says the run folder's filesystem has room again (the notice waits for it).
+ROOM_BYTES = 256 * 1024
+
+
+def _has_room(folder: Path) -> bool:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return True  # cannot tell: the notice's own write will say
+    return st.f_bavail * st.f_frsize >= ROOM_BYTES
+
+
+# The statuses a last word may end a run with.
+_ENDS = {s.value for s in RunStatus if s.is_terminal()}
+
+
 class RunJournal:
     def __init__(self, run_dir: Path, echo: bool = False):
         self.run_dir = run_dir
@@ -306,8 +326,11 @@ class RunJournal:
         return OutputLog(self)
 
     def say_unwritten(self) -> None:
-        """The one notice of a spell of refused writes, once there is room (a notice that cannot be
-        written is not counted: the spell waits for the next write that goes through)."""
+        """The one notice of a spell of refused writes, once there is room: a write went through and the
+        filesystem has ROOM_BYTES free (a notice that cannot be written is not counted: the spell waits
+        for the next write that goes through)."""
+        if self.unwritten.reason is None or not _has_room(self.run_dir):
+            return  # a write into the last block of a file can go through on a full disk: not room yet
         spell = self.unwritten.take()
         if spell is None:
             return
@@ -363,6 +386,43 @@ class RunJournal:
     @_best_effort
     def _supervising(self, pid: int, pid_start: float | None) -> None:
         update_state(self.run_dir, status=RunStatus.STARTING, pid=pid, pid_start=pid_start, ended=None, exit_code=None)
+
+    def settle(self) -> None:
+        """An earlier supervisor of this run ended it while state.json could not take the end: its last
+        word is written into the state now that there is room (`resume` of such a run finds it ended)."""
+        try:
+            state = read_state(self.run_dir)
+        except StateError:
+            return
+        if state.status.is_terminal():
+            return
+        for place in last_word_places(self.run_dir, state.output_dir):
+            try:
+                word = json.loads(place.read_bytes())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(word, dict) or word.get("status") not in _ENDS:
+                continue
+            if self._settle(word, place):  # said: nothing left to find (else the word waits for room)
+                LastWord(self.run_dir, 0, None, state.output_dir).clear()
+            return
+
+    @_best_effort
+    def _settle(self, word: Mapping[str, Any], place: Path) -> bool:
+        status, message, code = RunStatus(word["status"]), str(word.get("message") or ""), word.get("exit_code")
+        kind = word.get("failure_kind")
+        update_state(
+            self.run_dir,
+            status=status,
+            exit_code=code,
+            message=message,
+            ended=word.get("ended"),
+            failure_kind=kind if kind in {k.value for k in FailureKind} else None,
+            trainer_pid=None,
+        )
+        append_event(self.run_dir, status.value, message=message, exit_code=code, settled_from=str(place))
+        self.say(f"ftlaunch: the run had ended {status.value} while its folder refused writes: {message}")
+        return True
 
     def died(self, exc: BaseException, trainer: subprocess.Popen | None) -> None:
         """The supervisor itself failed (an error of its own, not the trainer's). Its cause is left where

@@ -145,6 +145,7 @@ class Supervisor:
                 signal.signal(sig, handler)
 
     def _run(self) -> int:
+        self.journal.settle()  # an end an earlier supervisor could only leave as its last word
         if read_state(self.run_dir).status is RunStatus.SUCCEEDED:
             if self.lock is not None:
                 self.lock.close()
@@ -494,7 +495,8 @@ class Supervisor:
     def _policy(self, state: Any) -> StallPolicy:
         if self.stall_policy is not None:
             return self.stall_policy
-        return StallPolicy(timeout=state.stall_timeout)
+        size = DiskForecast.from_dict(state.disk).checkpoint_bytes if state.disk else None
+        return StallPolicy(timeout=state.stall_timeout, checkpoint_bytes=size)  # size: the first save's limit
 
     def _drain_console(self, dog: Watchdog) -> Watchdog:
         while self._console:
@@ -506,7 +508,7 @@ class Supervisor:
         """Record every checkpoint that landed (each once); a save in progress is progress too."""
         for step, path in checkpoints.landed_all():
             self.journal.checkpoint(step, path, max(checkpoints.best, checkpoints.last))
-            dog = dog.checkpoint_done(self.clock())
+            dog = dog.checkpoint_done(self.clock(), size=tree_bytes(path))  # its write speed: the next limit
         if checkpoints.growth():
             dog = dog.checkpoint_grew(self.clock())
         return dog

@@ -17,7 +17,7 @@ import pytest
 
 from ftlaunch.run.journal import LastWord, OutputLog, QuietStream, RunJournal, read_last_word
 from ftlaunch.run.state import RunState, RunStatus
-from ftlaunch.run.store import read_events, write_state
+from ftlaunch.run.store import read_events, read_state, write_state
 from ftlaunch.run.view import run_view
 
 from ..conftest import child_env, tiny_config, write_yaml
@@ -73,16 +73,23 @@ def test_a_detached_run_survives_a_full_home_and_ends_succeeded(tiny, tmp_path, 
             os.unlink(home / "filler2")
             r = ftl("status", "fullhome", env=plain)
             assert r.returncode == 0 and "succeeded" in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
+            # With room again, `resume` finds it ended: the end goes into state.json, nothing trains.
+            r = ftl("resume", "fullhome", "--no-follow", env=plain)
+            assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+            wait_for(lambda: json.loads((run_dir / "state.json").read_text())["status"] == "succeeded", timeout=60)
+            assert _status("fullhome", plain)[1]["supervisor_last_word"] is None
+            assert _steps(out) == steps  # not one step more
         finally:
             ftl("stop", "fullhome", env=plain)  # the mount must not be busy when it goes
         # What was lost is said once a spell ends, each spell once: never a running total.
         log = (run_dir / "train.log").read_text(errors="replace")
         notices = [line for line in log.splitlines() if NOTICE in line]
         events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if '"unwritten"' in x]
-        assert notices and len(notices) == len(events), (notices, events)
+        assert len(notices) == len(events) == 1, (notices, events)  # the first spell; the second never had room
         assert all("the trainer kept running" in n for n in notices)
         assert sum(e["records"] for e in events) >= 1
         assert "Traceback" not in (run_dir / "supervisor.log").read_text(errors="replace")
+        print(f"notices: {notices}; events: {events}")
 
 
 # ---------------------------------------------------------------- the parts, on /dev/full (ENOSPC on every write)
@@ -191,3 +198,20 @@ def test_a_last_word_goes_beside_the_output_dir_or_to_the_temp_folder_when_its_r
     finally:
         LastWord(run_dir, pid, None, None).clear()
     assert not temp.exists()
+
+
+def test_an_end_left_as_a_last_word_is_written_into_the_state_by_the_next_supervisor(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = _run_dir(tmp_path, output_dir=str(out))
+    first = RunJournal(run_dir)
+    first.supervising(_dead_pid(), None)
+    first.last_word.leave(status="succeeded", exit_code=0, message="done", ended=1.0, cause="state.json ...")
+    # `resume` of it: the next supervisor settles the end before anything else
+    RunJournal(run_dir).settle()
+    st = read_state(run_dir)
+    assert (st.status, st.exit_code, st.message) == (RunStatus.SUCCEEDED, 0, "done")
+    assert not (run_dir / ".last-word.json").exists()
+    (ended,) = [e for e in read_events(run_dir) if e["event"] == "succeeded"]
+    assert ended["settled_from"] == str(run_dir / ".last-word.json")
+    assert "had ended succeeded while its folder refused writes" in (run_dir / "train.log").read_text()
