@@ -495,8 +495,7 @@ class Supervisor:
     def _policy(self, state: Any) -> StallPolicy:
         if self.stall_policy is not None:
             return self.stall_policy
-        size = DiskForecast.from_dict(state.disk).checkpoint_bytes if state.disk else None
-        return StallPolicy(timeout=state.stall_timeout, checkpoint_bytes=size)  # size: the first save's limit
+        return StallPolicy(timeout=state.stall_timeout)
 
     def _drain_console(self, dog: Watchdog) -> Watchdog:
         while self._console:
@@ -508,7 +507,7 @@ class Supervisor:
         """Record every checkpoint that landed (each once); a save in progress is progress too."""
         for step, path in checkpoints.landed_all():
             self.journal.checkpoint(step, path, max(checkpoints.best, checkpoints.last))
-            dog = dog.checkpoint_done(self.clock(), size=tree_bytes(path))  # its write speed: the next limit
+            dog = dog.checkpoint_done(self.clock())
         if checkpoints.growth():
             dog = dog.checkpoint_grew(self.clock())
         return dog
