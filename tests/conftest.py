@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -63,6 +64,23 @@ def venv_bin() -> Path:
 
 def have_llamafactory() -> bool:
     return (venv_bin() / "llamafactory-cli").exists() or shutil.which("llamafactory-cli") is not None
+
+
+TRAIN_STACK = ("llamafactory", "torch", "transformers", "datasets", "matplotlib")
+
+
+def missing_train_stack() -> list[str]:
+    """What of the `train` extra (and what it brings) this Python lacks, plus llamafactory-cli."""
+    missing = [name for name in TRAIN_STACK if importlib.util.find_spec(name) is None]
+    return missing + ([] if have_llamafactory() else ["llamafactory-cli"])
+
+
+# A test that needs the trainer's stack skips, saying what is missing, in a venv without the train
+# extra (pip install -e '.[dev]' only), instead of failing there.
+needs_train_stack = pytest.mark.skipif(
+    bool(missing_train_stack()),
+    reason=f"needs the train extra (pip install -e '.[train]'): missing {', '.join(missing_train_stack())}",
+)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from ftlaunch.cli.main import main
 
-from ..conftest import tiny_config, write_yaml
+from ..conftest import needs_train_stack, tiny_config, write_yaml
 from ..fake_trainer import install, write_config
 from ..helpers import said
 from ..run.test_races import wait_for
@@ -230,6 +230,7 @@ def read_only_folder(tmp_path: Path):
     return ro if r.returncode == 0 else None
 
 
+@needs_train_stack
 def test_plot_to_a_path_that_cannot_be_written_says_so(tmp_path):
     out_dir = trainer_log(tmp_path / "saves")
     (tmp_path / "a-file").write_text("x")

@@ -21,6 +21,8 @@ from ftlaunch.estimate import probe as est_run
 from ftlaunch.estimate import throughput as est_tp
 from ftlaunch.run import accounting as acc
 
+from ..conftest import needs_train_stack
+
 
 def stats_of(lengths, *, cutoff=64, packing=False, raw=None, rows=None, labels=None, stage="sft", **kw):
     lengths = tuple(lengths)
@@ -501,6 +503,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@needs_train_stack
 def test_plot_draws_loss_and_throughput_with_restarts(tmp_path, isolated_home):
     from ftlaunch.files import write_json_atomic
     from ftlaunch.run.state import STATE_VERSION

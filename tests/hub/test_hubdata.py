@@ -31,7 +31,7 @@ from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.plan.planner import plan
 from ftlaunch.plan.prepared import adapt_config, adapt_dataset_info, final_plan
 
-from ..conftest import tiny_config, venv_bin, write_yaml
+from ..conftest import needs_train_stack, tiny_config, venv_bin, write_yaml
 from ..fakehub import FakeHub
 
 ROWS = [{"instruction": f"say {i}", "input": "", "output": f"number {i}"} for i in range(24)]
@@ -199,6 +199,7 @@ def online(tmp_path, monkeypatch):
     return {"HF_HOME": str(tmp_path / "hf")}
 
 
+@needs_train_stack
 def test_prefetch_datasets_downloads_and_the_result_loads_offline(tmp_path, online):
     data = tmp_path / "data"
     data.mkdir()

@@ -7,7 +7,7 @@ import yaml
 
 from ftlaunch.plan.config import known_keys, read_header
 
-from ..conftest import ROOT
+from ..conftest import ROOT, needs_train_stack
 
 
 def generated() -> dict:
@@ -22,6 +22,7 @@ def generated() -> dict:
 OUTPUTS = generated()
 
 
+@needs_train_stack
 @pytest.mark.parametrize("path", sorted(OUTPUTS), ids=lambda p: p.name)
 def test_template_is_current(path):
     assert path.exists(), f"{path} missing: run scripts/gen_templates.py"

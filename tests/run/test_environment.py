@@ -17,6 +17,7 @@ from ftlaunch.run.environment import attempt_path, read_environment, site_dirs, 
 from ftlaunch.run.store import read_events, read_state
 from ftlaunch.run.supervisor import Supervisor
 
+from ..conftest import needs_train_stack
 from ..fake_trainer import write_config
 from .test_reliability import cli, fake, starts  # noqa: F401  (fake: the scripted trainer, a fixture)
 
@@ -137,6 +138,7 @@ def failed_with_a_checkpoint(tmp_path: Path, fake, home: Path) -> Path:
     return run_dir
 
 
+@needs_train_stack
 def test_every_attempt_records_the_trainer_environment(tmp_path, fake, isolated_home):
     run_dir = failed_with_a_checkpoint(tmp_path, fake, isolated_home)
     one, two = (json.loads(attempt_path(run_dir, n).read_text()) for n in (1, 2))
@@ -148,6 +150,7 @@ def test_every_attempt_records_the_trainer_environment(tmp_path, fake, isolated_
     assert not [e for e in read_events(run_dir) if e["event"] == "environment_changed"]
 
 
+@needs_train_stack
 def test_resume_after_a_deciding_package_changed_is_refused_with_the_table(tmp_path, fake, isolated_home):
     run_dir = failed_with_a_checkpoint(tmp_path, fake, isolated_home)
     now = json.loads(attempt_path(run_dir, 2).read_text())["packages"]
@@ -221,6 +224,7 @@ def test_a_change_between_two_attempts_of_one_supervisor_ends_the_run_env_change
     assert read_state(run_dir).status == "succeeded" and starts(tmp_path) == 2
 
 
+@needs_train_stack
 def test_env_lock_and_diff_of_runs(tmp_path, fake, isolated_home):
     run_dir = failed_with_a_checkpoint(tmp_path, fake, isolated_home)
     out = tmp_path / "req.txt"

@@ -11,6 +11,8 @@ import pytest
 from ftlaunch.run import health as h
 from ftlaunch.run import rollback
 
+from ..conftest import needs_train_stack
+
 DATA = Path(__file__).parent.parent / "data" / "health"
 
 
@@ -447,6 +449,7 @@ def write_weights(folder: Path, **tensors: float) -> None:
     np_.save_file(arrays, str(folder / "model.safetensors"))
 
 
+@needs_train_stack
 def test_health_watch_records_halts_scans_weights_sets_aside_by_why_and_prepares_the_rollback(tmp_path):
     from ftlaunch.run.store import read_events, read_state
 
@@ -485,6 +488,7 @@ def test_health_watch_records_halts_scans_weights_sets_aside_by_why_and_prepares
     assert w.tried() == ["learning_rate 0.001 -> 0.0005"]
 
 
+@needs_train_stack
 def test_weights_child_agrees_with_a_full_read(tmp_path):
     import numpy as np
 

@@ -21,6 +21,7 @@ from ftlaunch.run.state import Budget
 from ftlaunch.run.store import find_run, read_events, read_state, update_state
 from ftlaunch.run.supervisor import Supervisor
 
+from ..conftest import needs_train_stack
 from ..fake_trainer import configs_seen, install, write_checkpoint, write_config
 
 OOM_MSG = (
@@ -165,6 +166,7 @@ def _finished_run(tmp_path, fake, isolated_home) -> Path:
     return runs(isolated_home)[0]
 
 
+@needs_train_stack
 def test_case5_torn_multibyte_and_foreign_lines_are_skipped_and_said_once(tmp_path, fake, isolated_home, capsys):
     run_dir = _finished_run(tmp_path, fake, isolated_home)
     with open(run_dir / "events.jsonl", "ab") as f:

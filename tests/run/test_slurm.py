@@ -19,6 +19,8 @@ from ftlaunch.run.slurm.job import ended_by_slurm, stop_requested
 from ftlaunch.run.slurm.submit import cluster_gpu_spec, cpu_nodes_plan
 from ftlaunch.run.state import Budget, FailureKind, RunStatus
 
+from ..conftest import needs_train_stack
+
 
 def job(req: slurm.SlurmRequest, tmp_path: Path) -> slurm.JobFiles:
     return slurm.render_job(
@@ -204,6 +206,7 @@ def test_rendezvous_check_completes_or_fails_within_its_bound(tmp_path):
     assert d.action.value == "fail" and "not retried" in d.message
 
 
+@needs_train_stack
 def test_the_cpu_site_fix_lets_torch_restore_cpu_0(tmp_path):
     code = (
         "import io, torch\n"

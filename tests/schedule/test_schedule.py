@@ -35,7 +35,7 @@ from ftlaunch.schedule.records import EntryStatus, HistoryEntry, ScheduleRecord
 from ftlaunch.schedule.runner import run_schedule
 from ftlaunch.schedule.versions import choose_prune, version_name
 
-from ..conftest import ROOT, tiny_config, write_yaml
+from ..conftest import ROOT, needs_train_stack, tiny_config, write_yaml
 from ..helpers import said
 
 INTEGRATED = "schedule" in main.commands  # cli.py registers the group itself once integrated
@@ -272,6 +272,7 @@ def test_version_names_and_prune_choice():
 # ---------------------------------------------------------------- add / remove through the CLI
 
 
+@needs_train_stack
 def test_add_remove_round_trip_leaves_foreign_lines_byte_identical(project, scratch_crontab, isolated_home):
     scratch_crontab.write_text(FOREIGN)
     r = add("nightly", project, "--keep", "3")
@@ -291,6 +292,7 @@ def test_add_remove_round_trip_leaves_foreign_lines_byte_identical(project, scra
     assert not list((isolated_home / "schedules").glob("*.json"))
 
 
+@needs_train_stack
 def test_add_into_an_empty_crontab(project, scratch_crontab):
     assert not scratch_crontab.exists()  # `crontab -l` says "no crontab for ...", exit 1
     assert add("nightly", project).exit_code == 0
@@ -299,6 +301,7 @@ def test_add_into_an_empty_crontab(project, scratch_crontab):
     assert scratch_crontab.read_text() == ""
 
 
+@needs_train_stack
 def test_cron_line_uses_absolute_paths_and_carries_no_secrets(project, scratch_crontab, isolated_home, monkeypatch):
     secrets = {"HF_TOKEN": "hf_SeCrEtToKeN123", "WANDB_API_KEY": "wandb-secret-456"}
     for k, v in secrets.items():
@@ -318,6 +321,7 @@ def test_cron_line_uses_absolute_paths_and_carries_no_secrets(project, scratch_c
     assert "HF_TOKEN" not in everything and "WANDB" not in everything
 
 
+@needs_train_stack
 def test_print_registers_and_prints_but_installs_nothing(project, scratch_crontab, tmp_path, isolated_home):
     scratch_crontab.write_text(FOREIGN)
     r = add("nightly", project, "--print")
@@ -332,6 +336,7 @@ def test_print_registers_and_prints_but_installs_nothing(project, scratch_cronta
     assert scratch_crontab.read_bytes() == FOREIGN.encode() and crontab_writes(tmp_path) == 0
 
 
+@needs_train_stack
 def test_bad_input_gets_a_clear_error_and_changes_nothing(project, scratch_crontab, tmp_path, isolated_home):
     scratch_crontab.write_text(FOREIGN)
     assert add("nightly", project).exit_code == 0
@@ -357,6 +362,7 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(project, scratch_cront
         assert snapshot(tmp_path, isolated_home) == before, words
 
 
+@needs_train_stack
 def test_read_only_output_dir_is_refused(project, tmp_path, isolated_home):
     if os.geteuid() == 0:  # root writes through permission bits: a regular file in the way stops anyone
         ro = tmp_path / "ro-file"
@@ -378,6 +384,7 @@ def test_unwritable_home_is_refused(project, tmp_path, monkeypatch, scratch_cron
     assert not scratch_crontab.exists()
 
 
+@needs_train_stack
 def test_missing_crontab_executable_says_use_print(project, monkeypatch, isolated_home):
     monkeypatch.setenv("PATH", "/nonexistent")
     r = add("nightly", project)
@@ -385,6 +392,7 @@ def test_missing_crontab_executable_says_use_print(project, monkeypatch, isolate
     assert not (isolated_home / "schedules" / "nightly.json").exists()
 
 
+@needs_train_stack
 def test_a_refused_crontab_takes_the_record_back(project, scratch_crontab, isolated_home, tmp_path):
     (tmp_path / "bin" / "crontab").write_text(
         '#!/bin/sh\ncase "$1" in -l) exit 0;; -) echo "crontab: errors in crontab file" >&2; exit 1;; esac\n'
