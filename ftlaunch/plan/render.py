@@ -79,7 +79,9 @@ def memory_table(mem: MemoryPrediction) -> Grid:
     t = Grid(
         Col("component"),
         Col("GiB", "prose"),
-        title="memory per GPU (GiB, predicted)",
+        title="host memory of the training process (GiB, predicted)"
+        if mem.device == "host"
+        else "memory per GPU (GiB, predicted)",
         show_header=False,
     )
     e = mem.estimate

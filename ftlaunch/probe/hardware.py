@@ -135,6 +135,15 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+def host_memory() -> tuple[float, float]:
+    """(total, available) host RAM in GiB, from psutil: what a plan that trains on this machine's CPU
+    is checked against (plan/memory/host.py)."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return round(vm.total / 2**30, 2), round(vm.available / 2**30, 2)
+
+
 def probe(
     env: Mapping[str, str],
     *,
@@ -143,8 +152,6 @@ def probe(
     smi_runner: Callable[[], str] = _run_nvidia_smi,
 ) -> Hardware:
     """Probe this machine. Never raises for a missing GPU: records why in ``notes``."""
-    import psutil
-
     notes: list[str] = []
     gpus: list[Gpu] = []
     driver: str | None = None
@@ -172,7 +179,7 @@ def probe(
             notes.append(f"peer-to-peer access between GPUs unknown (NVML: {exc}); assumed available")
         if blocked:
             notes.append(f"no peer-to-peer access between GPUs {blocked} (NVML): NCCL_P2P_DISABLE=1 is planned")
-    vm = psutil.virtual_memory()
+    total_ram, available_ram = host_memory()
     disk_dir = Path(disk_path)
     while not disk_dir.exists() and disk_dir != disk_dir.parent:
         disk_dir = disk_dir.parent
@@ -184,8 +191,8 @@ def probe(
         gpus=tuple(gpus),
         source=source,
         driver_version=driver,
-        host_ram_gib=round(vm.total / 2**30, 2),
-        host_available_gib=round(vm.available / 2**30, 2),
+        host_ram_gib=total_ram,
+        host_available_gib=available_ram,
         disk_free_gib=None if disk_free is None else round(disk_free, 2),
         cpu_count=os.cpu_count(),
         versions=_versions(),

@@ -28,7 +28,7 @@ from ftlaunch.plan.memory.adapt import make_memory_chooser, model_spec_for
 from ftlaunch.plan.memory.store import config_key, recall
 from ftlaunch.plan.planner import Plan, PlanOptions, global_batch_for, plan
 from ftlaunch.plan.prepared import final_plan
-from ftlaunch.probe.hardware import load_hardware_file, probe
+from ftlaunch.probe.hardware import host_memory, load_hardware_file, probe
 from ftlaunch.run.store import new_run_id, runs_root
 
 
@@ -64,7 +64,11 @@ def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path
         raise HardwareError("--gpu and --hardware both given", hint="use one of them")
     if req.gpu is not None:  # `--gpu ''` names no card: refused by catalog_hardware, never a probe
         # A what-if for another machine never counts this machine's RAM (memory.adapt.host_ram_for assumes).
-        return catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib)
+        hw = catalog_hardware(req.gpu, host_ram_gib=req.host_ram_gib)
+        if not hw.gpus and req.host_ram_gib is None:  # --gpu none trains on this CPU: its RAM is the limit
+            total, available = host_memory()
+            hw = replace(hw, host_ram_gib=total, host_available_gib=available)
+        return hw
     if req.hardware_file:
         try:
             hw = load_hardware_file(req.hardware_file)

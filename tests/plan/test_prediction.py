@@ -23,7 +23,7 @@ PLAN_JSON_KEYS = [  # plan.json's "memory", in the order it is written
     "peak_gib", "host_gib", "trainable_params", "transient_gib", "tensors_gib", "capacity_gib",
     "usable_gib", "headroom", "verdict", "headroom_gib", "headroom_share", "fits", "tried",
     "model_params", "optimizer", "optimizer_source", "host_ram_gib", "host_ram_note", "correction",
-    "correction_note",
+    "correction_note", "device",
 ]  # fmt: skip
 SEED = {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "stage": "sft", "do_train": True,
         "finetuning_type": "full", "cutoff_len": 1024, "per_device_train_batch_size": 8,

@@ -16,7 +16,8 @@ from ftlaunch.errors import ConfigError, DoesNotFitError, HardwareError
 from ftlaunch.plan import rules
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import Hardware
-from ftlaunch.plan.memory.choose import MIN_HEADROOM, TIGHT, choose_micro_batch, gib_pair
+from ftlaunch.plan.memory.choose import MIN_HEADROOM, TIGHT, Choice, choose_micro_batch, gib_pair
+from ftlaunch.plan.memory.host import choose_on_host
 from ftlaunch.plan.memory.optimizers import describe
 from ftlaunch.plan.memory.prediction import MemoryPrediction
 from ftlaunch.plan.memory.setup import default_optimizer, setup_from_config
@@ -84,6 +85,8 @@ def host_ram_for(hw: Hardware) -> tuple[float | None, str | None]:
     the machine planning it.
     """
     if hw.host_ram_gib is not None:
+        if hw.source == "catalog:none" and hw.host_available_gib is not None:
+            return hw.host_ram_gib, "this machine's (--gpu none trains on its CPU); --host-ram plans for another"
         return hw.host_ram_gib, None
     if hw.source.startswith("catalog:") and hw.gpus:
         assumed = round(ASSUMED_HOST_RAM_PER_GPU_GIB * sum(g.total_gib for g in hw.gpus))
@@ -107,6 +110,96 @@ def installed_default_optimizer() -> tuple[str, str]:
     return optim, f"optim unset: {optim} is the default with {seen}"
 
 
+def _prediction(
+    choice: Choice,
+    spec: Any,
+    values: Mapping[str, Any],
+    capacity: float,
+    headroom: float,
+    optim_why: str,
+    host_ram: float | None,
+    host_note: str | None,
+) -> MemoryPrediction:
+    """The plan's ``memory`` for a choice made against ``capacity`` GiB (a card, or host RAM)."""
+    return MemoryPrediction(
+        estimate=choice.estimate,
+        capacity_gib=round(capacity, 2),
+        usable_gib=round(capacity * (1 - headroom), 2),
+        headroom=headroom,
+        verdict=choice.verdict,
+        headroom_gib=round(choice.headroom_gib, 2),
+        headroom_share=round(choice.headroom_share, 4),
+        tried=choice.tried,
+        model_params=spec.params,
+        optimizer=describe(choice.setup.custom, choice.setup.optimizer),
+        optimizer_source="config" if values.get("optim") else optim_why,
+        host_ram_gib=host_ram,
+        host_ram_note=host_note,
+    )
+
+
+def _host_decision(
+    spec: Any,
+    values: Mapping[str, Any],
+    hw: Hardware,
+    per_device: int,
+    most: int | None,
+    headroom: float,
+    optim_default: str,
+    optim_why: str,
+) -> MemoryDecision | None:
+    """A CPU plan's verdict against host RAM (memory/host.py); None when the RAM is not known."""
+    host_ram, host_note = host_ram_for(hw)
+    if host_ram is None:
+        return None
+    setup = setup_from_config(dict(values), world_size=1, default_optim=optim_default)
+    choice = choose_on_host(
+        spec, setup, host_ram_gib=host_ram, per_device_batch=per_device, headroom=headroom, max_micro_batch=most
+    )
+    usable = host_ram * (1 - headroom)
+    mem = replace(_prediction(choice, spec, values, host_ram, headroom, optim_why, host_ram, host_note), device="host")
+    peak = choice.estimate.peak_gib
+    where = f"{host_ram:g} GiB of host RAM" + (f" ({host_note})" if host_note else "")
+    if choice.micro_batch is None:
+        alternatives = [a.to_dict() for a in choice.alternatives]
+        p, limit = gib_pair(peak, host_ram * (1 - min(headroom, MIN_HEADROOM)))
+        raise DoesNotFitError(
+            f"{spec.params / 1e9:.2f}B-parameter model, {setup.finetuning_type} fine-tuning on the CPU (fp32), "
+            f"cutoff_len {setup.seq_len}: peak {p} GiB of host memory at micro-batch 1 > {limit} GiB: "
+            f"{where} less {MIN_HEADROOM:.0%}; the kernel's OOM killer would end the run",
+            hint="ftlaunch never changes the method or data on its own; pick one of the options above, "
+            "or plan for a GPU (--gpu)",
+            alternatives=alternatives,
+            payload={
+                "hardware": hw.to_dict(),
+                "config": dict(values),
+                "memory": {**mem.to_dict(), "alternatives": alternatives},
+            },
+        )
+    warnings: tuple[str, ...] = ()
+    if choice.verdict == TIGHT:
+        reason = (
+            f"TIGHT: largest micro-batch dividing {per_device} within host RAM: predicted peak {peak:.2f} GiB "
+            f"of {where} leaves {choice.headroom_share:.1%}, less than the {headroom:.0%} target"
+        )
+        warnings += (
+            f"tight: predicted host peak {peak:.2f} GiB of {where} ({choice.headroom_share:.1%} free, target "
+            f"{headroom:.0%}); other processes' memory or a longer batch may bring the OOM killer",
+        )
+    else:
+        reason = (
+            f"largest micro-batch dividing {per_device} that fits host RAM: predicted peak {peak:.2f} GiB "
+            f"<= {usable:.1f} GiB usable ({where}, {headroom:.0%} headroom)"
+        )
+    available = hw.host_available_gib
+    if available is not None and hw.host_ram_gib == host_ram and peak > available:
+        warnings += (
+            f"the host has {available:.1f} GiB available now (other processes hold the rest); the run needs "
+            f"{peak:.2f} GiB",
+        )
+    return MemoryDecision(choice.micro_batch, mem, (), {}, warnings, reason)
+
+
 def make_memory_chooser(
     spec: Any,
     deepspeed_config: Mapping[str, Any] | None,
@@ -127,7 +220,8 @@ def make_memory_chooser(
             why = rules.cuda_only(values, spec.quant_method, spec.quant_bits)
             if why:
                 raise HardwareError(f"cannot train on {hw.describe()}: {why}", hint="plan it for a CUDA GPU (--gpu)")
-            return None  # CPU training: host RAM, not a card, is the limit; no micro-batch model
+            # CPU training: host RAM, not a card, is the limit
+            return _host_decision(spec, values, hw, per_device, most, headroom, optim_default, optim_why)
         ds = deepspeed_config if values.get("deepspeed") else None
         setup = setup_from_config(
             dict(values), world_size=hw.world_size, deepspeed_config=ds, default_optim=optim_default
@@ -160,20 +254,8 @@ def make_memory_chooser(
         )
         peak_gib = choice.estimate.peak_gib
         usable = capacity * (1 - headroom)
-        mem = MemoryPrediction(
-            estimate=choice.estimate,
-            capacity_gib=round(capacity, 2),
-            usable_gib=round(usable, 2),
-            headroom=headroom,
-            verdict=choice.verdict,
-            headroom_gib=round(choice.headroom_gib, 2),
-            headroom_share=round(choice.headroom_share, 4),
-            tried=choice.tried,
-            model_params=spec.params,
-            optimizer=describe(choice.setup.custom, choice.setup.optimizer),
-            optimizer_source="config" if values.get("optim") else optim_why,
-            host_ram_gib=host_ram,
-            host_ram_note=host_note,
+        mem = replace(
+            _prediction(choice, spec, values, capacity, headroom, optim_why, host_ram, host_note),
             correction=round(correction, 4),
             correction_note=correction_why,
         )

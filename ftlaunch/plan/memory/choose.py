@@ -45,7 +45,7 @@ def verdict_of(peak_gib: float, capacity_gib: float, headroom: float) -> Verdict
     return DOES_NOT_FIT
 
 
-def _scan(est_fn: Estimator, setup: TrainSetup, candidates: list[int], per_device: int, limit: float):
+def scan_micro_batches(est_fn: Estimator, setup: TrainSetup, candidates: list[int], per_device: int, limit: float):
     """The largest candidate micro-batch whose peak is within ``limit``; accumulation follows it."""
     tried: list[tuple[int, float]] = []
     for mb in candidates:
@@ -130,7 +130,7 @@ def choose_micro_batch(
         return f"peak {p} GiB > {u} GiB usable ({capacity_gib:g} GiB, {headroom * 100:.0f}% headroom) at micro-batch 1"
 
     cur = setup
-    mb, est, tried = _scan(est_fn, cur, cands, per_device_batch, usable)
+    mb, est, tried = scan_micro_batches(est_fn, cur, cands, per_device_batch, usable)
     if mb is not None:
         return done(mb, cur, est, tried, FITS)
 
@@ -156,12 +156,12 @@ def choose_micro_batch(
         cur = replace(cur, **fields)
         after = est_fn(replace(cur, micro_batch=1, accumulation=per_device_batch)).peak_gib
         changes.append(Change(key, old, new, f"{over(est.peak_gib)}; {why}: {after:.1f} GiB"))
-        mb, est, tried = _scan(est_fn, cur, cands, per_device_batch, usable)
+        mb, est, tried = scan_micro_batches(est_fn, cur, cands, per_device_batch, usable)
         if mb is not None:
             return done(mb, cur, est, tried, FITS)
 
     base_for_alternatives = cur
-    mb, t_est, t_tried = _scan(est_fn, cur, cands, per_device_batch, tight_limit)
+    mb, t_est, t_tried = scan_micro_batches(est_fn, cur, cands, per_device_batch, tight_limit)
     if mb is not None:
         return done(mb, cur, t_est, t_tried, TIGHT)
 
@@ -182,7 +182,7 @@ def choose_micro_batch(
             )
             cur = offload
             for limit, verdict in ((usable, FITS), (tight_limit, TIGHT)):
-                mb, o_est, o_tried = _scan(est_fn, cur, cands, per_device_batch, limit)
+                mb, o_est, o_tried = scan_micro_batches(est_fn, cur, cands, per_device_batch, limit)
                 if mb is not None:
                     return done(mb, cur, o_est, o_tried, verdict)
 

@@ -117,6 +117,7 @@ class MemoryPrediction:
     host_ram_note: str | None = None
     correction: float = 1.0  # what scales the formulas' peak (observed on this card before)
     correction_note: str | None = None
+    device: str = "gpu"  # "gpu": per card; "host": a CPU plan's process against host RAM (memory/host.py)
 
     @property
     def fits(self) -> bool:
@@ -144,6 +145,7 @@ class MemoryPrediction:
             "host_ram_note": self.host_ram_note,
             "correction": self.correction,
             "correction_note": self.correction_note,
+            "device": self.device,
         }
 
     @classmethod
@@ -170,6 +172,7 @@ class MemoryPrediction:
                 host_ram_note=d.get("host_ram_note"),
                 correction=d.get("correction", 1.0),
                 correction_note=d.get("correction_note"),
+                device=d.get("device", "gpu"),
             )
         except (KeyError, TypeError, ValueError):
             return None
