@@ -385,7 +385,6 @@ class Supervisor:
             raw = tlog.lines()
             run_records.keep(self.run_dir, raw)  # this run's own copy, as written (ftlaunch.run.records)
             new = prog.parse_trainer_log(raw)
-            dog = self._drain_console(dog)
             if new:
                 records.extend(new)
                 if self.watch is not None:
@@ -400,6 +399,9 @@ class Supervisor:
                     self.journal.progress(p, steps_per_second, now, recovered=attempt if caught_up else None)
                     recover_until = None if caught_up else recover_until
                     next_update = self.clock() + 1.0
+            # Console after the step records: HF logs step N, then evaluates and saves; a mark read in the
+            # same poll as step N's record opens its phase instead of being closed by that record.
+            dog = self._drain_console(dog)
             if on_gpu and self.clock() >= next_sample and rc is None:
                 self._sample_gpu(trainer.pid)
                 next_sample = self.clock() + self.sample_every
@@ -495,7 +497,8 @@ class Supervisor:
     def _policy(self, state: Any) -> StallPolicy:
         if self.stall_policy is not None:
             return self.stall_policy
-        return StallPolicy(timeout=state.stall_timeout)
+        size = DiskForecast.from_dict(state.disk).checkpoint_bytes if state.disk else None
+        return StallPolicy(timeout=state.stall_timeout, checkpoint_bytes=size)  # size: the first save's limit
 
     def _drain_console(self, dog: Watchdog) -> Watchdog:
         while self._console:
@@ -507,7 +510,7 @@ class Supervisor:
         """Record every checkpoint that landed (each once); a save in progress is progress too."""
         for step, path in checkpoints.landed_all():
             self.journal.checkpoint(step, path, max(checkpoints.best, checkpoints.last))
-            dog = dog.checkpoint_done(self.clock())
+            dog = dog.checkpoint_done(self.clock(), size=tree_bytes(path))  # its write speed: the next limit
         if checkpoints.growth():
             dog = dog.checkpoint_grew(self.clock())
         return dog
