@@ -28,6 +28,7 @@ from ftlaunch.plan.flags import truthy
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.memory.prediction import MemoryPrediction, memory_json
 from ftlaunch.plan.memory.setup import deepspeed_stage
+from ftlaunch.plan.offload import batch_mismatch, fixed_batch, source_batch, with_auto_batch
 
 
 @dataclass(frozen=True)
@@ -163,13 +164,16 @@ def global_batch_for(
     world_size: int,
     options: PlanOptions = PlanOptions(),
     meta: Mapping[str, Any] | None = None,
+    ds: Mapping[str, Any] | None = None,
 ) -> GlobalBatch:
     """The global batch ``plan`` keeps for ``values`` on ``world_size`` devices. Pure.
 
     Source, first that applies: ``options.global_batch``; the global batch recorded in the ftlaunch
     header of an adapted config (``meta``: it wins over ``--source-gpus``, which would multiply an
-    already adapted batch again); micro-batch x accumulation x the world size the config was written
-    for (``options.source_gpus``, else the header's world size, else 1).
+    already adapted batch again); the batch numbers the DeepSpeed JSON ``ds`` fixes
+    (``offload.source_batch``: ``train_batch_size``, or its micro-batch and accumulation x the source
+    world size); micro-batch x accumulation x the world size the config was written for
+    (``options.source_gpus``, else the header's world size, else 1).
 
     Where the source does not divide over ``world_size`` devices, the result keeps it on the largest
     device count it divides over (``world``); with ``options.keep_devices`` on all of them, with the
@@ -192,7 +196,10 @@ def global_batch_for(
         source_world = (
             options.source_gpus if options.source_gpus is not None else int((meta or {}).get("world_size", 1))
         )
-        g_source, why = micro_src * accum_src * source_world, f"{micro_src} x {accum_src} x {source_world} GPU(s)"
+        g_source, why = source_batch(ds, micro_src, accum_src, source_world) or (
+            micro_src * accum_src * source_world,
+            f"{micro_src} x {accum_src} x {source_world} GPU(s)",
+        )
     per_device, rem = divmod(g_source, world_size)
     if (rem or per_device == 0) and options.keep_devices:
         per_device = max(1, round(g_source / world_size))
@@ -383,7 +390,7 @@ def plan(
             )
     procs = processes_for(values, hardware, zero3=ds_stage == 3 and not ds_dropped)
     # --- global batch: exact on the largest number of the GPUs it divides over (or --keep-devices)
-    gb = global_batch_for(values, procs.world, options, meta)
+    gb = global_batch_for(values, procs.world, options, meta, deepspeed_config)
     if gb.fewer_devices:
         procs = Processes(
             gb.world, ",".join(g.uuid or str(g.index) for g in hardware.gpus[: gb.world]), gb.fewer_devices
@@ -417,6 +424,7 @@ def plan(
         warnings.append(gb.warning)
     per_device, g_source, g_target = gb.per_device, gb.source, gb.target
     micro_src = int(values.get("per_device_train_batch_size", 8) or 8)
+    micro_src = fixed_batch(deepspeed_config).get("train_micro_batch_size_per_gpu", micro_src)
 
     remembered = options.remembered_micro_batch
     micro, accum = split_batch(per_device, remembered or micro_src)
@@ -448,6 +456,18 @@ def plan(
         batch_reason += f"; global batch {g_source} -> {g_target} (nearest divisible)"
     ed.set("per_device_train_batch_size", micro, batch_reason)
     ed.set("gradient_accumulation_steps", accum, batch_reason)
+    # a user's DeepSpeed JSON kept as it is must not fix other batch numbers (transformers refuses them)
+    if kept_ds is not None and ed.values.get("deepspeed") == values.get("deepspeed"):
+        differ = batch_mismatch(kept_ds, micro, accum, world)
+        if differ:
+            named = values.get("deepspeed") if isinstance(values.get("deepspeed"), str) else "the DeepSpeed JSON"
+            ed.set(
+                "deepspeed",
+                with_auto_batch(kept_ds),
+                f"{named} fixes {', '.join(differ)}; transformers refuses DeepSpeed batch numbers that differ "
+                'from the TrainingArguments: an adapted copy (inline) with "auto" there, every other setting as '
+                "written",
+            )
 
     # --- launch: what the world size means for every variable (rules.launch_env)
     blocked = world > 1 and any(i < world and j < world for i, j in hardware.p2p_blocked)

