@@ -1,6 +1,13 @@
 """What the supervisor records about a run: its events (events.jsonl), its state (state.json) and the
 lines it adds to train.log. One method per thing that happens, so the supervisor's loop reads as
 decisions, and every event and state field it writes is listed here.
+
+None of it may end the supervisor (issue 31): a write the run folder refuses (ENOSPC, EROFS, EIO) is
+counted in ``Unwritten`` and said in one notice once there is room; the trainer's output goes through
+``OutputLog`` and a detached supervisor's own stdout/stderr through ``QuietStream``, both unbuffered.
+``LastWord`` is reserved when the supervisor takes a run over: the run's end when state.json cannot
+take it, or why the supervisor failed; `status` reads it (``read_last_word``), the next supervisor
+writes an end into the state (``RunJournal.settle``).
 """
 
 from __future__ import annotations
