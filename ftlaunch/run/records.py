@@ -14,10 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftlaunch.run.progress import parse_trainer_log
 from ftlaunch.run.store import RunFolder
+
+if TYPE_CHECKING:
+    from ftlaunch.run.journal import Unwritten
 
 MARK = "ftlaunch_attempt"
 
@@ -30,21 +33,25 @@ class AttemptRecords:
     t: str | None = None
 
 
-def mark_attempt(run_dir: Path, attempt: int, resume_from: str | None) -> None:
+def mark_attempt(run_dir: Path, attempt: int, resume_from: str | None, unwritten: Unwritten | None = None) -> None:
     """The marker line before an attempt's records (best effort: a full run folder loses only this)."""
     line = {MARK: attempt, "resume_from": resume_from, "t": datetime.now(UTC).isoformat(timespec="seconds")}
-    keep(run_dir, (json.dumps(line) + "\n").encode())
+    keep(run_dir, (json.dumps(line) + "\n").encode(), unwritten)
 
 
-def keep(run_dir: Path, raw: bytes) -> None:
-    """Append the trainer's lines as read (complete lines only: ftlaunch.run.tail)."""
+def keep(run_dir: Path, raw: bytes, unwritten: Unwritten | None = None) -> None:
+    """Append the trainer's lines as read (complete lines only: ftlaunch.run.tail). Best effort: lines
+    a full or failing run folder refuses are lost, counted in ``unwritten`` (the supervisor's journal
+    says them once there is room), never raised."""
     if not raw:
         return
+    path = RunFolder(run_dir).records
     try:
-        with open(RunFolder(run_dir).records, "ab") as f:
+        with open(path, "ab") as f:
             f.write(raw)
-    except OSError:
-        pass
+    except OSError as exc:
+        if unwritten is not None:
+            unwritten.failed(exc, path, records=max(1, raw.count(b"\n")))
 
 
 def _step_of(name: Any) -> int:

@@ -207,7 +207,8 @@ class Supervisor:
             # A later attempt is "recovering" until the trainer passes the furthest step seen before.
             recover_until = int((read_state(self.run_dir).progress or {}).get("step") or 0)
             self.journal.attempt_started(attempt, status, budget, values, last[1].name if last else None, moved)
-            run_records.mark_attempt(self.run_dir, attempt, last[1].name if last else None)  # plot: a run's own steps
+            resumed = last[1].name if last else None
+            run_records.mark_attempt(self.run_dir, attempt, resumed, self.journal.unwritten)  # plot: a run's own steps
             self.watch.start()
             rc, log_text, checkpoints, step, stalled, disk_full = self._attempt(
                 out, attempt, extra_env, weights_only, recover_until if status is RunStatus.RECOVERING else None
@@ -383,7 +384,7 @@ class Supervisor:
                     signal_group(trainer.pid, signal.SIGCONT)
             # progress from the trainer's own log, this attempt's lines only
             raw = tlog.lines()
-            run_records.keep(self.run_dir, raw)  # this run's own copy, as written (ftlaunch.run.records)
+            run_records.keep(self.run_dir, raw, self.journal.unwritten)  # this run's own copy (ftlaunch.run.records)
             new = prog.parse_trainer_log(raw)
             if new:
                 records.extend(new)

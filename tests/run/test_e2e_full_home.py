@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ftlaunch.run.journal import LastWord, OutputLog, QuietStream, RunJournal, read_last_word
+from ftlaunch.run.records import keep
 from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import read_events, read_state, write_state
 from ftlaunch.run.view import run_view
@@ -131,7 +132,10 @@ def test_what_could_not_be_written_is_counted_once_and_said_once_per_spell(tmp_p
     out = OutputLog(journal)
     out.write(b"x" * 100)  # 100 bytes of trainer output
     out.close()
-    _room(log), _room(events)
+    records = run_dir / "trainer_records.jsonl"
+    _full(records)
+    keep(run_dir, b'{"current_steps": 1}\n{"current_steps": 2}\n', journal.unwritten)  # 2 records
+    _room(log), _room(events), _room(records)
     journal.say("room again")
     first = log.read_text()
     _full(log)
@@ -140,10 +144,10 @@ def test_what_could_not_be_written_is_counted_once_and_said_once_per_spell(tmp_p
     OutputLog(journal).write(b"output again\n")  # the pump's write that goes through says it too
     notices = [line for line in (first + log.read_text()).splitlines() if NOTICE in line]
     assert len(notices) == 2, log.read_text()
-    assert "4 record(s) of the run and 100 byte(s) of trainer output" in notices[0]
+    assert "6 record(s) of the run and 100 byte(s) of trainer output" in notices[0]
     assert notices[1].startswith("ftlaunch: 1 record(s) of the run could not be written"), notices[1]
     said = [(e["records"], e["output_bytes"]) for e in read_events(run_dir) if e["event"] == "unwritten"]
-    assert said == [(4, 100), (1, 0)]  # one event per spell too
+    assert said == [(6, 100), (1, 0)]  # one event per spell too
     assert "No space left on device" in notices[0]
 
 
