@@ -219,3 +219,27 @@ def test_an_end_left_as_a_last_word_is_written_into_the_state_by_the_next_superv
     (ended,) = [e for e in read_events(run_dir) if e["event"] == "succeeded"]
     assert ended["settled_from"] == str(run_dir / ".last-word.json")
     assert "had ended succeeded while its folder refused writes" in (run_dir / "train.log").read_text()
+
+
+def test_a_read_only_run_folder_is_counted_and_the_last_word_goes_beside_the_output_dir(tmp_path):
+    mnt = tmp_path / "home"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        out = tmp_path / "out"
+        out.mkdir()
+        run_dir = _run_dir(mnt, output_dir=str(out))
+        journal = RunJournal(run_dir)
+        pid = _dead_pid()
+        journal.supervising(pid, None)  # reserved while writable
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)  # EROFS from now on
+        journal.say("cannot be written")
+        journal.stopping(15)
+        spell = journal.unwritten.take()
+        assert spell is not None and spell[1] == 2 and "Read-only file system" in spell[0], spell
+        where = journal.last_word.leave(cause="OSError: [Errno 30] Read-only file system")
+        assert where is not None and where.parent == out  # not even the reserved blocks take a write
+        assert read_last_word(run_dir, str(out), pid, None)["where"] == str(where)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
