@@ -9,11 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ftlaunch.errors import ConfigError, HardwareError, StateError
-from ftlaunch.hub.download import offline_env
-from ftlaunch.hub.model import Prefetch, prefetch_model
-from ftlaunch.hub.repo import is_repo_id
 from ftlaunch.plan.config import (
     PATH_KEYS,
     LoadedConfig,
@@ -30,6 +28,9 @@ from ftlaunch.plan.planner import Plan, PlanOptions, global_batch_for, plan
 from ftlaunch.plan.prepared import final_plan
 from ftlaunch.probe.hardware import host_memory, load_hardware_file, probe
 from ftlaunch.run.store import new_run_id, runs_root
+
+if TYPE_CHECKING:
+    from ftlaunch.hub.model import Prefetch
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,13 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
         raise ConfigError(problems)
     fetched: Prefetch | None = None
     hub_id = values.get("model_name_or_path")
+    offline = None  # the trainer's env once its files are downloaded: only --mirror downloads
+    if req.mirror:  # the hub is imported to download only: a plan without --mirror stays quick
+        from ftlaunch.hub.download import offline_env
+        from ftlaunch.hub.model import prefetch_model
+        from ftlaunch.hub.repo import is_repo_id
+
+        offline = offline_env()
     if req.mirror and is_repo_id(hub_id, cwd=Path.cwd()):
         fetched = prefetch_model(
             str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=req.progress
@@ -193,5 +201,5 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
         weights=req.download_weights,
         datasets=datasets,
         run_dir=run_dir,
-        offline_env=offline_env(),
+        offline_env=offline,
     )
