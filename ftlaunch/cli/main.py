@@ -1,31 +1,73 @@
 """The `ftlaunch` group: errors mapped to exit codes, the llamafactory-cli passthrough commands,
-and every other command registered from its module.
+and every other command, imported from its module only when it is run (or listed).
 
 Commands live by what they touch: plan_cmds (plan, env, download), run_cmds (train, runs, status,
 logs, stop, resume), estimate (estimate), plot (plot), schedule (the schedule group). They import
 nothing from here, so `python -m ftlaunch.cli.main` and `python -m ftlaunch` build the same group.
+A plan imports planning only: not the supervisor, the estimator, matplotlib or the scheduler
+(scripts/bench_plan.py times it).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import click
-from rich.markup import escape
 
 from ftlaunch import __version__
-from ftlaunch.cli.estimate import estimate_cmd
 from ftlaunch.cli.options import env_now
-from ftlaunch.cli.plan_cmds import download, env_cmd, plan
-from ftlaunch.cli.plot import plot_cmd
-from ftlaunch.cli.render import err_console
-from ftlaunch.cli.run_cmds import logs, resume, runs, status, stop, train
-from ftlaunch.cli.schedule import schedule_group
 from ftlaunch.errors import DoesNotFitError, FtlaunchError, StateError
 
 PASSTHROUGH = ("api", "chat", "eval", "export", "webchat", "webui", "version")
+
+# module under ftlaunch.cli -> {command name: attribute}; each command is imported when looked up
+_BY_MODULE: Mapping[str, Mapping[str, str]] = {
+    "plan_cmds": {"plan": "plan", "env": "env_cmd", "download": "download"},
+    "run_cmds": {name: name for name in ("train", "runs", "status", "logs", "stop", "resume")},
+    "estimate": {"estimate": "estimate_cmd"},
+    "plot": {"plot": "plot_cmd"},
+    "schedule": {"schedule": "schedule_group"},
+}
+COMMANDS: Mapping[str, tuple[str, str]] = {
+    name: (f"ftlaunch.cli.{module}", attr) for module, names in _BY_MODULE.items() for name, attr in names.items()
+}
+
+
+class LazyCommands(MutableMapping[str, click.Command]):
+    """The group's ``commands``: names known up front, each command imported on first lookup.
+
+    click reads a group's commands only through this mapping (``get``, ``sorted(...)``, ``[name] =``),
+    so `ftlaunch plan` imports cli.plan_cmds and nothing of run/, estimate/ or schedule/."""
+
+    def __init__(self, specs: Mapping[str, tuple[str, str]]) -> None:
+        self._specs = dict(specs)
+        self._loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded:
+            module, attr = self._specs[name]  # KeyError: no such command
+            self._loaded[name] = getattr(importlib.import_module(module), attr)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, cmd: click.Command) -> None:
+        self._specs.pop(name, None)
+        self._loaded[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self._specs and name not in self._loaded:
+            raise KeyError(name)
+        self._specs.pop(name, None)
+        self._loaded.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self._specs, *self._loaded]))
+
+    def __len__(self) -> int:
+        return len(set(self._specs) | set(self._loaded))
 
 
 class FtlaunchGroup(click.Group):
@@ -50,6 +92,10 @@ class FtlaunchGroup(click.Group):
 
 def _report(ctx: click.Context, exc: FtlaunchError) -> None:
     """Print an error's message and hint, and exit with its code."""
+    from rich.markup import escape
+
+    from ftlaunch.cli.render import err_console
+
     err_console.print(f"[red]error:[/red] {escape(exc.message)}", highlight=False, markup=True)
     if isinstance(exc, DoesNotFitError) and exc.alternatives:
         from ftlaunch.plan.render import alternatives_table
@@ -90,11 +136,7 @@ def _passthrough(name: str) -> click.Command:
     return cmd
 
 
-for _cmd in (plan, env_cmd, download, train, runs, status, logs, stop, resume):
-    main.add_command(_cmd)
-main.add_command(estimate_cmd, "estimate")
-main.add_command(plot_cmd, "plot")
-main.add_command(schedule_group, "schedule")
+main.commands = LazyCommands(COMMANDS)  # type: ignore[assignment]  # click reads it as a mapping
 for _name in PASSTHROUGH:
     main.add_command(_passthrough(_name))
 

@@ -6,6 +6,7 @@ Each parses, calls one use case (make_plan, the hardware probe, prefetch_model) 
 from __future__ import annotations
 
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,12 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
       ftlaunch plan cfg.yaml --gpu V100-32GB --simulate      # also measure it on fake tensors
       ftlaunch plan cfg.yaml --gpu A100-80GBx4 --check       # would llamafactory-cli accept it there?
     """
-    from ftlaunch.plan.memory.simulate import simulate_plan, simulation_line
     from ftlaunch.plan.render import plan_renderables
-    from ftlaunch.run.options import RunOptions
-    from ftlaunch.run.prepare import make_plan
+    from ftlaunch.run.prepare import PlanRequest, PlanSettings, make_plan
 
-    req = RunOptions.from_kwargs(kw).plan_request(config, overrides, strict=False, progress=stderr_is_tty())
+    # a plan's request is its settings alone (not RunOptions: the supervisor's options are train's)
+    settings = {f.name: kw[f.name] for f in fields(PlanSettings) if kw.get(f.name) is not None}
+    req = PlanRequest(config=config, overrides=tuple(overrides), progress=stderr_is_tty(), **settings)
     try:
         _, p = make_plan(req, env_now())
     except DoesNotFitError as exc:
@@ -57,6 +58,8 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
         raise
     sim = None
     if simulate:
+        from ftlaunch.plan.memory.simulate import simulate_plan
+
         err_console.print("simulating two optimizer steps on fake tensors (a child process; 15-40 s on 2 cores) ...")
         sim = simulate_plan(p, req.model_config)
     verdict = None
@@ -75,6 +78,8 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
         for r in plan_renderables(p):
             console.print(r)
         if sim is not None:
+            from ftlaunch.plan.memory.simulate import simulation_line
+
             console.print(simulation_line(sim), highlight=False)
         if verdict is not None and verdict.status == "ok":
             console.print(verdict.line(), highlight=False, markup=False)

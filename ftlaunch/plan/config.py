@@ -159,33 +159,84 @@ def _yaml_scalar(text: str) -> _Scalar | None:
     return None if value is None or isinstance(value, (dict, list)) else _Scalar(value)
 
 
-def load_config(
-    path: str | Path, overrides: Sequence[str] = (), cwd: str | Path | None = None, *, use_v1: bool = False
-) -> LoadedConfig:
-    """Load, merge and resolve a config. Raises ConfigError listing every problem.
+# OmegaConf's YAML loader (omegaconf/_yaml.py::get_yaml_loader, 2.4): PyYAML's safe loader (libyaml's
+# when built), plus floats without a dot (1e-5), minus timestamps (2024-01-01 stays text), and a
+# duplicate key refused. Restated here so that a plain config loads without importing omegaconf;
+# anything past plain (anchors, aliases, merge keys, tags, keys that are not text) goes to OmegaConf
+# itself, and tests/plan/test_config.py holds the two to the same values on every vendored config.
+_OMEGACONF_FLOAT = re.compile(
+    r"""^(?:
+     [-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
+    |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
+    |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+_BEYOND_PLAIN = ("&", "*", "!", "<<")  # anchors, aliases, tags, merge keys: OmegaConf's own loader decides
 
-    ``use_v1``: USE_V1 is set for the trainer, so the config is checked in the v1 schema; without it a
-    config with v1-only keys and no v0 one is recognised as v1 too (ftlaunch.plan.v1.schema_of)."""
-    base = Path(cwd) if cwd is not None else Path.cwd()
-    src = Path(path)
-    src_abs = src if src.is_absolute() else base / src
-    if src_abs.suffix not in {".yaml", ".yml", ".json"}:
-        raise ConfigError(
-            f"{path}: llamafactory-cli reads a .yaml, .yml or .json config",
-            hint="pass the training config first, then key=value overrides",
-        )
+
+@cache
+def _plain_loader() -> type:
+    class PlainLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+        def flatten_mapping(self, node: Any) -> Any:
+            seen: set[str] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG:
+                    if key_node.value in seen:
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping",
+                            node.start_mark,
+                            f"found duplicate key {key_node.value}",
+                            key_node.start_mark,
+                        )
+                    seen.add(key_node.value)
+            return super().flatten_mapping(node)
+
+    PlainLoader.add_implicit_resolver("tag:yaml.org,2002:float", _OMEGACONF_FLOAT, list("-+0123456789."))
+    PlainLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in PlainLoader.yaml_implicit_resolvers.items()
+    }
+    return PlainLoader
+
+
+def _is_plain(value: Any) -> bool:
+    """Values OmegaConf.create and to_container give back as they are: text keys, JSON-like leaves."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_is_plain(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _plain_mapping(text: str, *, json_file: bool) -> dict[str, Any] | None:
+    """The config as OmegaConf would load it, when it is a plain mapping of two or more keys or of one
+    key with a value; None for anything else (OmegaConf is then asked, and its errors are the ones
+    said)."""
     try:
-        text = src_abs.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:  # llamafactory-cli reads UTF-8 too (OmegaConf.load)
-        bad = exc.object[exc.start : exc.start + 1].hex()
-        raise ConfigError(
-            f"config file {path} is not UTF-8 text: byte 0x{bad} at offset {exc.start} cannot be decoded",
-            hint="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
-        ) from None
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+        if json_file:
+            data = json.loads(text)
+        elif any(mark in text for mark in _BEYOND_PLAIN):
+            return None
+        else:
+            data = yaml.load(text, Loader=_plain_loader())  # noqa: S506 (a safe loader)
+    except (yaml.YAMLError, ValueError):
+        return None
+    if not isinstance(data, dict) or not data or not _is_plain(data):
+        return None
+    if len(data) == 1 and next(iter(data.values())) is None:
+        return None  # a file holding one word: OmegaConf's path says what it is
+    return data
+
+
+def _load_with_omegaconf(
+    path: str | Path, src_abs: Path, text: str, overrides: Sequence[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """(the config merged with its overrides, the overrides' problems) as llamafactory-cli's
+    read_args makes it: OmegaConf.load (create for JSON), from_cli, merge, to_container. Raises
+    ConfigError for a file that is no mapping of keys."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -223,6 +274,41 @@ def load_config(
         merged = dict(OmegaConf.to_container(OmegaConf.merge(node, *over)))
     except OmegaConfBaseException as exc:  # llamafactory-cli would stop here too
         raise ConfigError(problems + [f"overrides cannot be merged into {path}: {_one_line(exc)}"]) from None
+    return merged, problems
+
+
+def load_config(
+    path: str | Path, overrides: Sequence[str] = (), cwd: str | Path | None = None, *, use_v1: bool = False
+) -> LoadedConfig:
+    """Load, merge and resolve a config. Raises ConfigError listing every problem.
+
+    ``use_v1``: USE_V1 is set for the trainer, so the config is checked in the v1 schema; without it a
+    config with v1-only keys and no v0 one is recognised as v1 too (ftlaunch.plan.v1.schema_of)."""
+    base = Path(cwd) if cwd is not None else Path.cwd()
+    src = Path(path)
+    src_abs = src if src.is_absolute() else base / src
+    if src_abs.suffix not in {".yaml", ".yml", ".json"}:
+        raise ConfigError(
+            f"{path}: llamafactory-cli reads a .yaml, .yml or .json config",
+            hint="pass the training config first, then key=value overrides",
+        )
+    try:
+        text = src_abs.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:  # llamafactory-cli reads UTF-8 too (OmegaConf.load)
+        bad = exc.object[exc.start : exc.start + 1].hex()
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text: byte 0x{bad} at offset {exc.start} cannot be decoded",
+            hint="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
+        ) from None
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    plain = None if overrides else _plain_mapping(text, json_file=src_abs.suffix == ".json")
+    if plain is not None:  # what OmegaConf would give, without importing it (~0.1 s of a plan)
+        merged, problems = plain, []
+    else:
+        merged, problems = _load_with_omegaconf(path, src_abs, text, overrides)
     from ftlaunch.plan import v1
 
     is_v1, mixed = v1.schema_of(merged, use_v1)
@@ -445,13 +531,15 @@ def resolve_paths(
 ) -> tuple[dict[str, Any], list[str], list[str]]:
     """Make path keys absolute. Returns (values, problems, warnings).
 
-    strict: a missing dataset_info.json is a problem (train) rather than a warning (plan).
+    strict: a missing dataset_info.json is a problem (train) rather than a warning (plan); a plan also
+    warns of LLaMA-Factory's refusal of a config without a model or a dataset to train on.
     what_if: why the plan is for elsewhere (:func:`what_if_reason`); then a model, adapter, DeepSpeed
     JSON or checkpoint path that is not on this machine is a warning naming it, not a problem.
     """
     out = dict(values)
     problems: list[str] = []
-    warnings: list[str] = []
+    # a plan of a config that lacks its model or dataset still shows the rest; the trainer refuses it
+    warnings: list[str] = [] if strict else [f"{rule.name}: {rule}" for rule in missing_refusals(values)]
 
     def missing(key: str, message: str) -> None:
         if what_if is None:
@@ -541,16 +629,13 @@ def undefined_datasets(values: Mapping[str, Any], info_path: Path) -> list[str]:
 
 
 def training_problems(values: Mapping[str, Any]) -> list[str]:
-    """What stops a config from training at all, for the commands that start a training run: do_train
-    off, and LLaMA-Factory's refusals of a config without a model or, to train, a dataset."""
-    missing = [f"{rule.name}: {rule}" for rule in missing_refusals(values)]
+    """What stops a config from training at all, for the commands that start a training run."""
     if "do_train" in values and values["do_train"] is not None and not truthy(values["do_train"]):
         return [
             f"key 'do_train' is {values['do_train']!r}: llamafactory would not train (only evaluate or "
-            "predict), and this command starts a training run; set do_train: true",
-            *missing,
+            "predict), and this command starts a training run; set do_train: true"
         ]
-    return missing
+    return []
 
 
 def load_deepspeed(values: Mapping[str, Any]) -> dict[str, Any] | None:

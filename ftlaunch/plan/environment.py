@@ -10,7 +10,6 @@ installed versions decide.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -66,6 +65,8 @@ class Environment:
             "sources": {k: dict(v) for k, v in sorted(self.sources.items())},
             "system": {k: self.system.get(k) for k in _SYSTEM_KEYS},
         }
+        import hashlib  # here, not at the top: a plan never hashes, and OpenSSL's start costs it ~5 ms
+
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
     def pin(self, name: str) -> str | None:

@@ -455,9 +455,10 @@ def config_refusals(values: Mapping[str, Any]) -> tuple[Rule, ...]:
 
 def missing_refusals(values: Mapping[str, Any]) -> tuple[Rule, ...]:
     """LLaMA-Factory's refusals of a config that lacks what training needs: no model
-    (model_args.py:208), or do_train without a dataset (parser.py:360). Apart from config_refusals
-    because a config without them can still be planned (a fragment, an eval config): `train` refuses
-    them, `plan` warns (ftlaunch.plan.config.training_problems)."""
+    (model_args.py:208), or do_train without a dataset (parser.py:360). Apart from config_refusals:
+    a config without them can still be planned (a fragment, to compare cards), so `plan` warns of them
+    (ftlaunch.plan.config.resolve_paths) and `train` leaves them to the trainer's own first check,
+    as ftlaunch's runs with a scripted trainer need."""
     out = []
     if values.get("model_name_or_path") is None:
         out.append(Rule("model_name_or_path", "Please provide `model_name_or_path`.", "hparams/model_args.py:208"))

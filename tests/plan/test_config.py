@@ -141,3 +141,78 @@ def test_loading_gives_what_llamafactory_read_args_gives(tmp_path):
     )
     theirs = json.loads(r.stdout.strip().splitlines()[-1])
     assert load_config("c.yaml", overrides, cwd=tmp_path).values == theirs
+
+
+# YAML that OmegaConf reads its own way: floats without a dot, no timestamps, bools of YAML 1.1,
+# underscores, sexagesimals, text that looks like an interpolation or MISSING.
+TRICKY_YAML = (
+    "a: 1e5\nb: 1.5e-3\nc: -.5\nd: +1_000\ne: 0x10\nf: 0o17\ng: .inf\nh: -.Inf\ni: 1:20\nj: 1:20.5\nk: ~\n"
+    "l: Yes\nm: off\nn: '1e5'\no: 2024-01-01 10:00:00\np: [1, 2.0, 3e4]\nq: {r: 1}\ns: 1.\nt: +.5\n"
+    'u: ${oc.env:HOME}/x\nv: ???\nw: "\\u00e9"\nx: [q_proj, {y: null}]\n'
+)
+
+
+def _omegaconf_values(path):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path))
+
+
+def test_a_plain_config_loads_as_omegaconf_loads_it_without_importing_it(tmp_path):
+    from ftlaunch.plan.config import _plain_mapping
+
+    (tmp_path / "tricky.yaml").write_text(TRICKY_YAML)
+    files = [tmp_path / "tricky.yaml", *sorted((EXAMPLES.parent.parent).rglob("*.yaml"))]
+    fast = 0
+    for path in files:
+        mine = _plain_mapping(path.read_text(encoding="utf-8"), json_file=False)
+        if mine is not None:
+            fast += 1
+            assert mine == _omegaconf_values(path), path
+    assert fast > 100  # the fast path is the usual one
+    # nothing past plain takes it: anchors and merge keys, a duplicate key, keys that are not text
+    for text in ("a: &x 1\nb: *x\n", "base: {a: 1}\nc:\n  <<: {a: 2}\n", "a: 1\na: 2\n", "1: a\nb: c\n", "word\n"):
+        assert _plain_mapping(text, json_file=False) is None, text
+
+
+def test_load_config_takes_the_fast_path_and_omegaconf_for_overrides(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("stage: sft\nlearning_rate: 1e-5\nrun_name: 2024-01-01\nlora_target: [q_proj, v_proj]\n")
+    code = (
+        "import sys, json; from ftlaunch.plan.config import load_config; "
+        f"v = load_config({str(cfg)!r}).values; before = 'omegaconf' in sys.modules; "
+        f"w = load_config({str(cfg)!r}, ['cutoff_len=512']).values; "
+        "print(json.dumps([v, w, before, 'omegaconf' in sys.modules]))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    plain, merged, before, after = json.loads(r.stdout.strip().splitlines()[-1])
+    assert plain == _omegaconf_values(cfg) and merged == {**plain, "cutoff_len": 512}
+    assert (before, after) == (False, True)
+
+
+def test_a_plan_imports_planning_only(tmp_path):
+    """`ftlaunch plan` (issue 30: a plan in 0.2 s) imports no supervisor, estimator, scheduler, hub
+    client, OmegaConf (for a plain YAML without overrides) or torch; scripts/bench_plan.py times it."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model_name_or_path: Qwen/Qwen2.5-1.5B\nstage: sft\ndo_train: true\ndataset: a\noutput_dir: out\n")
+    code = (
+        "import sys; from ftlaunch.cli.main import main; "
+        f"main(['plan', {str(cfg)!r}, '--gpu', 'A100-80GB', '--params', '1.5B'], standalone_mode=False); "
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    loaded = set(r.stdout.splitlines()[-1].split())
+    assert "ftlaunch.run.prepare" in loaded and "ftlaunch.plan.planner" in loaded
+    for module in (
+        "ftlaunch.run.supervisor",
+        "ftlaunch.run.options",
+        "ftlaunch.estimate",
+        "ftlaunch.schedule",
+        "ftlaunch.cli.run_cmds",
+        "ftlaunch.cli.estimate",
+        "ftlaunch.hub.download",
+        "ftlaunch.plan.memory.simulate",
+        "omegaconf",
+        "torch",
+    ):
+        assert module not in loaded, module

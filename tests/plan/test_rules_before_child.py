@@ -173,11 +173,10 @@ def test_plain_plan_refuses_lora_with_galore_in_milliseconds(tmp_path):
     assert took < 2.0  # no child: the trainer's own check costs 15-20 s
 
 
-def test_train_refuses_a_config_without_a_dataset_plan_warns(tmp_path):
+def test_plan_warns_of_a_config_without_a_model_or_dataset(tmp_path):
     cfg = tmp_path / "nodata.yaml"
-    cfg.write_text("model_name_or_path: Qwen/Qwen2.5-1.5B\nstage: sft\ndo_train: true\noutput_dir: out\n")
+    cfg.write_text("stage: sft\ndo_train: true\noutput_dir: out\n")
     r = CliRunner().invoke(main, ["plan", str(cfg), "--gpu", "V100-32GB", "--params", "1.5B", "--json"])
     assert r.exit_code == 0, r.output
-    assert any("Please specify dataset for training." in w for w in json.loads(r.output)["warnings"])
-    r = CliRunner().invoke(main, ["train", str(cfg), "--gpu", "V100-32GB", "--params", "1.5B"])
-    assert r.exit_code == 3 and "Please specify dataset for training." in " ".join(r.output.split()), r.output
+    warnings = " | ".join(json.loads(r.output)["warnings"])
+    assert "Please specify dataset for training." in warnings and "Please provide `model_name_or_path`." in warnings
