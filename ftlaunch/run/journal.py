@@ -80,61 +80,82 @@ def quiet_print(text: str, stream: IO[str] | None = None) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class Spell:
+    """What one spell of refused writes cost, as ``Unwritten.take`` hands it over."""
+
+    reason: str  # why its first write failed
+    records: int = 0  # state, events, trainer records, train.log lines of ftlaunch's own
+    output_bytes: int = 0  # the trainer's output
+    log_bytes: int = 0  # the supervisor's own stdout/stderr (supervisor.log)
+    torn: bool = False  # a write of trainer output stopped inside a line: the notice starts a new one
+
+    def joined(self, other: Spell) -> Spell:
+        return Spell(
+            self.reason,
+            self.records + other.records,
+            self.output_bytes + other.output_bytes,
+            self.log_bytes + other.log_bytes,
+            self.torn or other.torn,
+        )
+
+    def notice(self) -> str:
+        """The one line that says what the spell cost. Pure."""
+        lost = [f"{self.records} record(s) of the run"] if self.records else []
+        if self.output_bytes:
+            lost.append(f"{self.output_bytes:,} byte(s) of trainer output")
+        if self.log_bytes:
+            lost.append(f"{self.log_bytes:,} byte(s) of the supervisor's own log")
+        what = " and ".join(lost) or "nothing"
+        return (
+            ("\n" if self.torn else "")
+            + f"ftlaunch: {what} could not be written while its folder refused writes ({self.reason}); "
+            "the trainer kept running"
+        )
+
+
 class Unwritten:
-    """What the supervisor could not write while its run folder refused writes: records (state,
-    events, its own train.log lines), bytes of trainer output and of its own stderr. Each is counted
-    once, and the spell is said in one notice (``notice``) once a write goes through again: never a
-    running total. Thread-safe: the log pump counts output from its own thread."""
+    """What the supervisor could not write while its run folder refused writes (a ``Spell``): each
+    write counted once, and the spell said in one notice once a write goes through again and there is
+    room: never a running total. Thread-safe: the log pump counts output from its own thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.reason: str | None = None  # why the first write of this spell failed
-        self.records = 0
-        self.output_bytes = 0
-        self.log_bytes = 0
+        self._spell: Spell | None = None
+
+    @property
+    def reason(self) -> str | None:
+        """Why the first write of the current spell failed; None: nothing is lost."""
+        spell = self._spell
+        return None if spell is None else spell.reason
 
     def failed(
-        self, exc: OSError, where: Path | str, *, records: int = 0, output_bytes: int = 0, log_bytes: int = 0
+        self,
+        exc: OSError,
+        where: Path | str,
+        *,
+        records: int = 0,
+        output_bytes: int = 0,
+        log_bytes: int = 0,
+        torn: bool = False,
     ) -> bool:
         """Count a write that failed; True for the first of a spell (the moment to say so on stderr)."""
+        reason = f"{exc.strerror or exc} ({getattr(exc, 'filename', None) or where})"
         with self._lock:
-            first = self.reason is None
-            if first:
-                self.reason = f"{exc.strerror or exc} ({getattr(exc, 'filename', None) or where})"
-            self.records += records
-            self.output_bytes += output_bytes
-            self.log_bytes += log_bytes
+            first = self._spell is None
+            self._spell = (self._spell or Spell(reason)).joined(Spell(reason, records, output_bytes, log_bytes, torn))
             return first
 
-    def take(self) -> tuple[str, int, int, int] | None:
-        """The spell so far (reason, records, output bytes, stderr bytes), and the count starts afresh;
-        None when nothing was lost. ``put_back`` it when the notice could not be written either."""
+    def take(self) -> Spell | None:
+        """The spell so far, and the count starts afresh; None when nothing was lost. ``put_back`` it
+        when the notice could not be written either."""
         with self._lock:
-            if self.reason is None:
-                return None
-            spell = (self.reason, self.records, self.output_bytes, self.log_bytes)
-            self.reason, self.records, self.output_bytes, self.log_bytes = None, 0, 0, 0
+            spell, self._spell = self._spell, None
             return spell
 
-    def put_back(self, spell: tuple[str, int, int, int]) -> None:
-        reason, records, output_bytes, log_bytes = spell
+    def put_back(self, spell: Spell) -> None:
         with self._lock:
-            self.reason = self.reason or reason
-            self.records += records
-            self.output_bytes += output_bytes
-            self.log_bytes += log_bytes
-
-
-def notice(spell: tuple[str, int, int, int]) -> str:
-    """The one line that says what a spell of refused writes cost. Pure."""
-    reason, records, output_bytes, log_bytes = spell
-    lost = [f"{records} record(s) of the run"] if records else []
-    if output_bytes:
-        lost.append(f"{output_bytes:,} byte(s) of trainer output")
-    if log_bytes:
-        lost.append(f"{log_bytes:,} byte(s) of the supervisor's own log")
-    what = " and ".join(lost) or "nothing"
-    return f"ftlaunch: {what} could not be written while its folder refused writes ({reason}); the trainer kept running"
+            self._spell = spell if self._spell is None else spell.joined(self._spell)
 
 
 class QuietStream(io.TextIOBase):
@@ -201,7 +222,10 @@ class OutputLog:
     def write(self, data: bytes) -> None:
         if not data:
             return
-        failed = lambda exc, left: self.journal.unwritten.failed(exc, self.path, output_bytes=left)  # noqa: E731
+
+        def failed(exc: OSError, left: int) -> None:  # left < len(data): the file ends inside a line now
+            self.journal.unwritten.failed(exc, self.path, output_bytes=left, torn=left < len(data))
+
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -341,7 +365,7 @@ class RunJournal:
         spell = self.unwritten.take()
         if spell is None:
             return
-        text = notice(spell)
+        text = spell.notice()
         try:
             with open(RunFolder(self.run_dir).train_log, "a") as f:
                 f.write(text + "\n")
@@ -350,16 +374,9 @@ class RunJournal:
             return
         if self.echo:
             quiet_print(text, sys.stdout)
-        reason, records, output_bytes, log_bytes = spell
+        lost = {"records": spell.records, "output_bytes": spell.output_bytes, "log_bytes": spell.log_bytes}
         try:
-            append_event(
-                self.run_dir,
-                "unwritten",
-                reason=reason,
-                records=records,
-                output_bytes=output_bytes,
-                log_bytes=log_bytes,
-            )
+            append_event(self.run_dir, "unwritten", reason=spell.reason, **lost)
         except OSError:
             pass  # said in train.log; a notice about the notice would never end
 

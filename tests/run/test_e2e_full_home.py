@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch.run.journal import LastWord, OutputLog, QuietStream, RunJournal, read_last_word
+from ftlaunch.run.journal import LastWord, OutputLog, QuietStream, RunJournal, Spell, read_last_word
 from ftlaunch.run.records import keep
 from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import read_events, read_state, write_state
@@ -87,7 +87,7 @@ def test_a_detached_run_survives_a_full_home_and_ends_succeeded(tiny, tmp_path, 
         notices = [line for line in log.splitlines() if NOTICE in line]
         events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if '"unwritten"' in x]
         assert len(notices) == len(events) == 1, (notices, events)  # the first spell; the second never had room
-        assert all("the trainer kept running" in n for n in notices)
+        assert all(n.startswith("ftlaunch: ") and "the trainer kept running" in n for n in notices)  # own line
         assert sum(e["records"] for e in events) >= 1
         assert "Traceback" not in (run_dir / "supervisor.log").read_text(errors="replace")
         print(f"notices: {notices}; events: {events}")
@@ -151,6 +151,13 @@ def test_what_could_not_be_written_is_counted_once_and_said_once_per_spell(tmp_p
     assert "No space left on device" in notices[0]
 
 
+def test_a_notice_after_a_torn_line_of_output_starts_a_line_of_its_own():
+    torn = Spell("No space left on device (train.log)", records=1, output_bytes=5, torn=True)
+    assert torn.notice().startswith("\nftlaunch: 1 record(s) of the run and 5 byte(s) of trainer output")
+    assert Spell("x", records=2).notice().startswith("ftlaunch: 2 record(s) of the run could not be written")
+    assert Spell("x", 1).joined(Spell("y", 2, 3, 4, True)) == Spell("x", 3, 3, 4, True)
+
+
 def test_a_stream_on_a_full_disk_drops_and_counts_instead_of_raising(tmp_path):
     journal = RunJournal(tmp_path)
     fd = os.open("/dev/full", os.O_WRONLY)
@@ -160,7 +167,7 @@ def test_a_stream_on_a_full_disk_drops_and_counts_instead_of_raising(tmp_path):
     finally:
         os.close(fd)
     spell = journal.unwritten.take()
-    assert spell is not None and spell[3] == len("a line that cannot be written\n")
+    assert spell is not None and spell.log_bytes == len("a line that cannot be written\n")
 
 
 def test_a_supervisor_that_fails_leaves_its_cause_and_outlives_nothing(tmp_path):
@@ -237,7 +244,7 @@ def test_a_read_only_run_folder_is_counted_and_the_last_word_goes_beside_the_out
         journal.say("cannot be written")
         journal.stopping(15)
         spell = journal.unwritten.take()
-        assert spell is not None and spell[1] == 2 and "Read-only file system" in spell[0], spell
+        assert spell is not None and spell.records == 2 and "Read-only file system" in spell.reason, spell
         where = journal.last_word.leave(cause="OSError: [Errno 30] Read-only file system")
         assert where is not None and where.parent == out  # not even the reserved blocks take a write
         assert read_last_word(run_dir, str(out), pid, None)["where"] == str(where)
