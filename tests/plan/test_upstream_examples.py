@@ -139,7 +139,9 @@ def _one_line(exc: FtlaunchError) -> str:
 
 
 def _request(config: str, card: str, params: str, cwd: Path) -> PlanRequest:
-    return PlanRequest(config=config, gpu=card, source_gpus=SOURCE_GPUS, params=params, cwd=str(cwd))
+    # a CPU plan is checked against host RAM: a fixed 64 GiB, so the tally does not depend on this machine's
+    host = 64.0 if card == "none" else None
+    return PlanRequest(config=config, gpu=card, source_gpus=SOURCE_GPUS, params=params, cwd=str(cwd), host_ram_gib=host)
 
 
 def _plan(case: Case, env: dict[str, str], adapted_dir: Path) -> None:

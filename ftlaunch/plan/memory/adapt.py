@@ -296,13 +296,15 @@ def make_memory_chooser(
             new, _ = materialize(change.new)
             if change.new == ZERO3_OFFLOAD and deepspeed_config:
                 # the user's own JSON is replaced (or was dropped for one device): its other settings
-                # carried over, what is dropped said
-                new, dropped = carry_over(deepspeed_config, offload_config())
-                said = f"; dropped from the config's DeepSpeed JSON: {', '.join(dropped)}" if dropped else ""
-                change = replace(
-                    change,
-                    reason=f"{change.reason}; the user's other DeepSpeed settings carried over (inline){said}",
-                )
+                # carried over (inline), what is dropped said; nothing to carry (the bundled JSON itself,
+                # re-planned): the bundled file
+                bundled = offload_config()
+                merged, dropped = carry_over(deepspeed_config, bundled)
+                if merged != bundled:
+                    new = merged
+                    said = f"; dropped from the config's DeepSpeed JSON: {', '.join(dropped)}" if dropped else ""
+                    why = f"{change.reason}; the user's other DeepSpeed settings carried over (inline){said}"
+                    change = replace(change, reason=why)
             edits.append(replace(change, new=new))
         warnings: tuple[str, ...] = (correction_why,) if correction_why else ()
         upto = f", at most {most} (what worked on this card before)," if most else ""
