@@ -164,16 +164,13 @@ def _yaml_scalar(text: str) -> _Scalar | None:
 # duplicate key refused. Restated here so that a plain config loads without importing omegaconf;
 # anything past plain (anchors, aliases, merge keys, tags, keys that are not text) goes to OmegaConf
 # itself, and tests/plan/test_config.py holds the two to the same values on every vendored config.
-_OMEGACONF_FLOAT = re.compile(
-    r"""^(?:
+_OMEGACONF_FLOAT = r"""^(?:
      [-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
     |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
     |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\.[0-9_]*
     |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""",
-    re.X,
-)
+    |\.(?:nan|NaN|NAN))$"""  # compiled when first loading (a command that reads no config skips it)
 _BEYOND_PLAIN = ("&", "*", "!", "<<")  # anchors, aliases, tags, merge keys: OmegaConf's own loader decides
 
 
@@ -194,7 +191,9 @@ def _plain_loader() -> type:
                     seen.add(key_node.value)
             return super().flatten_mapping(node)
 
-    PlainLoader.add_implicit_resolver("tag:yaml.org,2002:float", _OMEGACONF_FLOAT, list("-+0123456789."))
+    PlainLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(_OMEGACONF_FLOAT, re.X), list("-+0123456789.")
+    )
     PlainLoader.yaml_implicit_resolvers = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
         for first, resolvers in PlainLoader.yaml_implicit_resolvers.items()
