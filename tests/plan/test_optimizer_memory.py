@@ -195,3 +195,18 @@ def test_the_simulator_does_not_claim_optimizers_it_cannot_build():
     assert any("galore" in u for u in unsupported(s))
     assert any("adafactor" in u for u in unsupported(replace(s, custom=None, optimizer="adafactor")))
     assert not unsupported(replace(s, custom=None, optimizer="adamw_torch_fused"))
+
+
+def test_galore_on_an_optim_llamafactory_cannot_build_it_on_is_said():
+    """transformers >= 4.54 defaults to adamw_torch_fused, on which LLaMA-Factory cannot build GaLore."""
+    hw = catalog_hardware("A100-80GB")
+    fused = ("adamw_torch_fused", "test: transformers 5 with torch 2.14")
+    values = {k: v for k, v in PT.items() if k != "optim"}
+
+    def chooser():
+        return make_memory_chooser(SPEC, None, headroom=0.12, default_optim=fused)
+
+    p = plan({**values, "use_galore": True}, hw, memory_chooser=chooser())
+    assert any("NotImplementedError" in w and "optim: adamw_torch" in w for w in p.warnings)
+    ok = plan({**PT, "use_galore": True}, hw, memory_chooser=chooser())
+    assert not any("NotImplementedError" in w for w in ok.warnings)

@@ -18,7 +18,7 @@ from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.memory.choose import MIN_HEADROOM, TIGHT, Choice, choose_micro_batch, gib_pair
 from ftlaunch.plan.memory.host import choose_on_host
-from ftlaunch.plan.memory.optimizers import describe
+from ftlaunch.plan.memory.optimizers import describe, unbuildable
 from ftlaunch.plan.memory.prediction import MemoryPrediction
 from ftlaunch.plan.memory.setup import default_optimizer, setup_from_config
 from ftlaunch.plan.memory.store import correction_from
@@ -184,7 +184,8 @@ def _host_decision(
                 "memory": {**mem.to_dict(), "alternatives": alternatives},
             },
         )
-    warnings: tuple[str, ...] = ()
+    cannot = unbuildable(setup.custom, setup.optimizer)
+    warnings: tuple[str, ...] = (cannot,) if cannot else ()
     if choice.verdict == TIGHT:
         reason = (
             f"TIGHT: largest micro-batch dividing {per_device} within host RAM: predicted peak {peak:.2f} GiB "
@@ -307,6 +308,9 @@ def make_memory_chooser(
                     change = replace(change, reason=why)
             edits.append(replace(change, new=new))
         warnings: tuple[str, ...] = (correction_why,) if correction_why else ()
+        cannot = unbuildable(setup.custom, setup.optimizer)
+        if cannot:
+            warnings += (cannot,)
         upto = f", at most {most} (what worked on this card before)," if most else ""
         if choice.verdict == TIGHT:
             reason = (

@@ -121,6 +121,28 @@ def base_optimizer(optim: str, custom: CustomOptimizer | None) -> str:
     return o
 
 
+# The optim names LLaMA-Factory builds each projection on (trainer_utils.py:239-246 and :330-333);
+# any other raises NotImplementedError("Unknown optim") when the trainer is created.
+PROJECTED_BASES = {
+    "galore": ("adamw_torch", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adafactor"),
+    "apollo": ("adamw_torch",),
+}
+
+
+def unbuildable(custom: CustomOptimizer | None, optim: str) -> str | None:
+    """Why LLaMA-Factory cannot build ``custom`` on ``optim`` (use_galore / use_apollo only), or None."""
+    if custom is None or not custom.projected or optim.startswith(custom.kind + "_"):
+        return None
+    allowed = PROJECTED_BASES[custom.kind]
+    if optim in allowed:
+        return None
+    return (
+        f"use_{custom.kind} with optim {optim}: LLaMA-Factory builds {custom.kind} only on {', '.join(allowed)} "
+        f'(train/trainer_utils.py) and raises NotImplementedError("Unknown optim: {optim}.") when training '
+        "starts; set optim: adamw_torch"
+    )
+
+
 def optimizer_state_bytes(optim: str, state_bytes: int, spec: ModelSpec) -> float:
     """Optimizer state bytes per trainable parameter of HF's ``optim`` (``state_bytes``: the
     parameter's dtype, which torch.optim keeps its states in).
@@ -293,4 +315,5 @@ __all__ = [
     "optimizer_state_bytes",
     "optimizer_step_transient",
     "trainable_share",
+    "unbuildable",
 ]
