@@ -1,6 +1,12 @@
 """Trainers that outlived their supervisor (a kill -9 of it, a killed `train --foreground`): finding
 them, so that `train`, `resume` and `schedule run` never start a trainer beside one, and ending them.
 
+One rule says which runs' trainers live in an output_dir (``runs_of_output_dir``): the runs into it, and
+the runs of the same base output_dir. A scheduled run trains into ``<base>/<name>-<UTC time>``, its
+config's own output_dir being the base: so a `train` of that config (into the base) and every
+schedule's run under it share one place, and none starts a trainer beside a live one of another
+(issue 31: `schedule run` started one beside the orphan of a plain `train` of the same config).
+
 A trainer runs in its own process group, whose id is its pid (spawned with process_group=0), and
 state.json records that pid with its start time. The trainer is alive when liveness(pid, start) is
 ALIVE or UNKNOWN (fails closed), or, its leader gone, while any process is still in its group (a
@@ -14,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -34,11 +40,14 @@ class LiveTrainer:
     pids: tuple[int, ...]  # the processes still in it (the leader first when it lives)
     verdict: Liveness  # ALIVE, or UNKNOWN: cannot tell, treated as alive
     how: str
+    supervised: bool = False  # its run's supervisor is alive (a run of the same base, with its own lock)
 
     def describe(self) -> str:
         pids = ", ".join(map(str, self.pids[:5])) + (" ..." if len(self.pids) > 5 else "")
         if self.verdict is Liveness.UNKNOWN:
             return f"pid {self.pgid}, the trainer of run {self.run_id}, may still be alive ({self.how})"
+        if self.supervised:
+            return f"run {self.run_id} is training there (process group {self.pgid}: pid {pids}; {self.how})"
         return f"the trainer of run {self.run_id} is still alive (process group {self.pgid}: pid {pids}; {self.how})"
 
 
@@ -110,9 +119,16 @@ def _group_of(pid: int) -> int | None:
         return None
 
 
+def _supervised(st: RunState) -> bool:
+    """Whether the run's own supervisor (state's pid and its start time) is alive; unknown: no."""
+    return bool(st.pid) and st.pid != os.getpid() and liveness(st.pid, st.pid_start) is Liveness.ALIVE
+
+
 def live_trainers(runs: Sequence[tuple[Path, RunState]]) -> list[LiveTrainer]:
     """The live trainers of these runs (run dir, state): by recorded process group, else by command line."""
     found = [t for run_dir, st in runs if (t := recorded_trainer(run_dir.name, st)) is not None]
+    states = {run_dir.name: st for run_dir, st in runs}
+    found = [replace(t, supervised=_supervised(states[t.run_id])) for t in found]
     known = {p for t in found for p in t.pids}
     mine = os.getpgrp()
     for run_id, pids in trainers_by_command([d for d, _ in runs]).items():
@@ -122,7 +138,8 @@ def live_trainers(runs: Sequence[tuple[Path, RunState]]) -> list[LiveTrainer]:
                 continue
             group = group_members(pgid) or (pid,)
             known.update(group)
-            found.append(LiveTrainer(run_id, pgid, group, Liveness.ALIVE, "found by its command line"))
+            sup = _supervised(states[run_id])
+            found.append(LiveTrainer(run_id, pgid, group, Liveness.ALIVE, "found by its command line", sup))
     return found
 
 
@@ -139,20 +156,43 @@ def runs_where(env: Mapping[str, str], keep: Callable[[RunState], bool]) -> list
     return runs
 
 
-def runs_of_output_dir(env: Mapping[str, str], output_dir: str) -> list[tuple[Path, RunState]]:
-    """Every run whose state names this output_dir (compared as absolute paths), oldest first."""
+def base_of(st: RunState) -> str | None:
+    """The base output_dir of a run (absolute): its output_dir, or for a scheduled run the folder its
+    version dir ``<base>/<name>-<UTC time>`` is in (the config's own output_dir)."""
+    if not st.output_dir:
+        return None
+    out = os.path.abspath(st.output_dir)
+    return os.path.dirname(out) if st.schedule else out
+
+
+def runs_of_output_dir(
+    env: Mapping[str, str], output_dir: str, *, scheduled: bool = False
+) -> list[tuple[Path, RunState]]:
+    """The one rule for "a trainer lives in this output_dir" (train, resume, schedule run, a Slurm job's
+    supervisor): every run into it, and every run of the same base output_dir (``base_of``), oldest
+    first. ``output_dir`` is a schedule's version dir when ``scheduled``, or when a run into it was
+    started by a schedule: then its base is its parent. Paths are compared as absolute paths."""
     want = os.path.abspath(output_dir)
-    return runs_where(env, lambda st: bool(st.output_dir) and os.path.abspath(st.output_dir or "") == want)
+    runs = runs_where(env, lambda st: bool(st.output_dir))
+    same = [(d, st) for d, st in runs if os.path.abspath(st.output_dir or "") == want]
+    bases = {want} | ({os.path.dirname(want)} if scheduled or any(st.schedule for _, st in same) else set())
+    return [(d, st) for d, st in runs if os.path.abspath(st.output_dir or "") == want or base_of(st) in bases]
 
 
 class TrainerAlive(BusyError):
-    """A trainer of this output_dir (or schedule: ``where``) is alive without its supervisor: no
-    second one starts beside it."""
+    """A trainer of this output_dir (or schedule: ``where``) is alive, without its supervisor or (a run
+    of the same base output_dir, under its own lock) with it: no second one starts beside it."""
 
     def __init__(self, where: str, found: Sequence[LiveTrainer]):
         self.found = tuple(found)
         first = self.found[0]
         lines = "; ".join(t.describe() for t in self.found)
+        if first.supervised and first.verdict is Liveness.ALIVE:
+            super().__init__(
+                f"{where}: {lines}; no second trainer starts beside it",
+                hint=f"wait for it to end, or stop it with `ftlaunch stop {first.run_id}`; or set another output_dir",
+            )
+            return
         if first.verdict is Liveness.UNKNOWN:
             hint = (
                 f"look at it (`ps -o pid,pgid,lstart,args -p {first.pgid}`); if it is that trainer, end it "

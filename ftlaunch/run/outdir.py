@@ -160,11 +160,12 @@ def claim_output_dir(
         raise ConfigError(f"output_dir {problem}", hint="point output_dir at a real folder you can write")
     lock = acquire_output_lock(env, output_dir, f"{NEW_RUN} (pid {os.getpid()})")
     try:
-        runs = runs_of_output_dir(env, output_dir)
+        runs = runs_of_output_dir(env, output_dir)  # into it, or of its base (a schedule's runs under it)
         refuse_if_alive(output_dir, runs)  # before the checkpoints: an orphan may be writing them
         out = Path(output_dir)
         checkpoints = [path.name for _, path in prog.checkpoint_dirs(out)]
-        owners = sorted((st for _, st in runs), key=lambda st: st.created or "")  # ids of one second sort at random
+        mine = [st for _, st in runs if os.path.abspath(st.output_dir or "") == os.path.abspath(output_dir)]
+        owners = sorted(mine, key=lambda st: st.created or "")  # ids of one second sort at random
         verdict = output_dir_verdict(output_dir, checkpoints, owners, p.memory_key, existing)
         found = StartFacts()
         if verdict.use is DirUse.FRESH and out.is_dir() and any(out.iterdir()):
@@ -196,6 +197,12 @@ class OutputDirBusy(BusyError):
                 hint="`ftlaunch runs` shows that run once it has started; or set another output_dir",
             )
             return
+        if holder.startswith(SCHEDULED_RUN):  # `schedule run` holds its base output_dir for its run's life
+            super().__init__(
+                f"output_dir {output_dir} is in use by {holder} (it trains into a folder under it)",
+                hint="`ftlaunch runs` shows that run; wait for it or stop it; or set another output_dir",
+            )
+            return
         who = holder or "another run"
         super().__init__(
             f"output_dir {output_dir} is in use by run {who}",
@@ -204,6 +211,7 @@ class OutputDirBusy(BusyError):
 
 
 NEW_RUN = "a new run being started"
+SCHEDULED_RUN = "schedule "  # "schedule NAME's run (pid N)": the holder of a schedule's base output_dir
 
 
 def acquire_output_lock(env: Mapping[str, str], output_dir: str, run_id: str) -> IO[str]:

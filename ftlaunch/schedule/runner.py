@@ -6,12 +6,13 @@ in the schedule's history, then ``latest``, pruning and the notification.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ftlaunch.errors import BusyError, ConfigError, FtlaunchError
 from ftlaunch.schedule.notify import Notifier, Summary, notify, redact_target
@@ -60,24 +61,47 @@ def run_schedule(
     except BusyError as exc:
         record_entry(env, name, HistoryEntry.skip(SkipReason.OVERLAP, exc.message))
         raise
+    base_lock: IO[str] | None = None
     try:
-        _refuse_beside_orphans(env, name)
+        try:
+            base_lock = _claim_base(env, rec)
+        except BusyError as exc:
+            record_entry(env, name, HistoryEntry.skip(SkipReason.OVERLAP, exc.message))
+            raise
         return _run_locked(rec, env, echo=echo, poll=poll, clock=clock, notifier=notifier, say=say)
     finally:
+        if base_lock is not None:
+            base_lock.close()
         lock.close()
 
 
-def _refuse_beside_orphans(env: Mapping[str, str], name: str) -> None:
-    """Exit 7, recorded as an overlap, while the trainer of an earlier run of this schedule outlives
-    its `schedule run` (killed with it still training): each run has its own version dir, so the
-    output_dir lock alone would let a second trainer start beside it on the same GPUs. Checked
-    holding the schedule's lock."""
-    from ftlaunch.run.orphans import TrainerAlive, live_trainers, runs_where
+def _claim_base(env: Mapping[str, str], rec: ScheduleRecord) -> IO[str] | None:
+    """The one rule for "a trainer lives in this output_dir" (ftlaunch.run.orphans.runs_of_output_dir),
+    applied to the schedule's base output_dir: each run trains into its own version dir under it, so
+    the version dir's lock alone would let a trainer start beside a plain `train` of the same config,
+    or beside an earlier run's trainer that outlived its `schedule run`, on the same GPUs (issue 31).
 
-    if found := live_trainers(runs_where(env, lambda st: st.schedule == name)):
-        exc = TrainerAlive(f"schedule {name}", found)
-        record_entry(env, name, HistoryEntry.skip(SkipReason.OVERLAP, exc.message))
-        raise exc
+    Holding the schedule's lock: takes the base output_dir's lock for the run's life (a `train` or
+    `resume` into the base exits 7 meanwhile, and a live one there makes this exit 7), then refuses
+    (exit 7) beside any live trainer of a run into the base, of any schedule's run under it, or of an
+    earlier run of this schedule. None when the config has no output_dir (the run itself says so)."""
+    from ftlaunch.run.orphans import refuse_if_alive, runs_of_output_dir, runs_where
+    from ftlaunch.run.outdir import SCHEDULED_RUN, acquire_output_lock
+
+    try:
+        base = str(base_output_dir(rec)[0])
+    except FtlaunchError:
+        return None
+    lock = acquire_output_lock(env, base, f"{SCHEDULED_RUN}{rec.name}'s run (pid {os.getpid()})")
+    try:
+        runs = runs_of_output_dir(env, base)
+        seen = {d for d, _ in runs}
+        runs += [(d, st) for d, st in runs_where(env, lambda st: st.schedule == rec.name) if d not in seen]
+        refuse_if_alive(base, runs)
+    except BaseException:
+        lock.close()
+        raise
+    return lock
 
 
 def _run_locked(
