@@ -17,8 +17,10 @@ Adam-mini, Muon) and otherwise HF's ``optim`` (transformers ``trainer_optimizer.
   one block per ``layers.N.``, embedding and lm_head excluded; ``_grad_to_hp``/``_update_param``: an
   fp32 copy of the active block and its fp32 gradient; the base optimizer's states for it only); the
   model stays in half precision (LLaMA-Factory ``model/adapter.py:319``);
-- ``use_adam_mini``: ``m`` in fp32 for every trainable parameter, ``v`` in fp32 only for the
-  embedding and output layers, one scalar per block elsewhere (Adam-mini ``adam_mini.py`` step);
+- ``use_adam_mini``: ``m`` like the parameter for every trainable one, ``v`` one value per output
+  neuron (embedding, lm_head, value, attention output, MLP), per head (query, key) or per tensor
+  (norms) (Adam-mini 1.1.1 on PyPI, ``adam_mini.py`` step: ``state["m"] = torch.zeros_like(p)``,
+  ``state["vmean"]`` of ``neuron_per_gpu`` or ``head_per_gpu`` rows);
 - ``use_muon``: one momentum buffer for 2-D weights other than embeddings and lm_head, AdamW's two
   moments for the rest (LLaMA-Factory ``third_party/muon/muon.py:176-210``);
 - ``loraplus_lr_ratio``: LoRA+ only sets learning rates per group; the optimizer is ``optim``'s
@@ -246,10 +248,9 @@ def optimizer_bytes(
         return plain
     emb = spec.vocab_size * spec.hidden_size
     if custom.kind == "adam_mini":
-        # m (fp32) everywhere; full v (fp32) for "embed"/"lm_head.weight" only (adam_mini.py step)
-        full_v = emb * (1 if spec.tie_word_embeddings else 2) if finetuning_type == "full" else 0
+        # m like the parameter; v one value per output row (adam_mini.py step), at most T / hidden_size
         largest = max(emb if finetuning_type == "full" else 0, _largest_linear(spec))
-        return OptimizerBytes(4.0 * trainable + 4.0 * full_v, 2 * 4.0 * min(largest, trainable))
+        return OptimizerBytes(wt * trainable * (1 + 1 / spec.hidden_size), wt * min(largest, trainable))
     share = trainable_share(spec, finetuning_type, int(trainable)) if finetuning_type in ("full", "freeze") else 0.0
     if custom.kind == "muon":
         # 2-D non-embedding weights: one momentum buffer (muon.py:176); the rest: AdamW's two (muon.py:209)
