@@ -25,7 +25,7 @@ from typing import Any
 
 from ftlaunch.errors import EnvChangedError, ExitCode, FtlaunchError, StateError
 from ftlaunch.files import now_iso, write_json_atomic
-from ftlaunch.plan.environment import EnvDiff, Environment, canonical, compare, diff_table, lock_text
+from ftlaunch.plan.environment import ENV_VERSION, EnvDiff, Environment, canonical, compare, diff_table, lock_text
 from ftlaunch.probe.hardware import load_pynvml
 from ftlaunch.run.state import RunState
 from ftlaunch.run.store import RunFolder, append_event, read_state, update_state
@@ -231,18 +231,52 @@ def attempt_path(run_dir: Path, attempt: int) -> Path:
     return RunFolder(run_dir).environment_of(attempt)
 
 
+class UnreadableRecord(StateError):
+    """The newest environment record exists but cannot be read as one: empty, torn, not a record, or of
+    another format version. The environment that trained is then unknown: never taken as "unchanged"."""
+
+
+def parse_record(text: str) -> Environment:
+    """One attempt-N.json as this ftlaunch writes it; UnreadableRecord (saying why) otherwise."""
+    if not text.strip():
+        raise UnreadableRecord("it is empty")
+    try:
+        d = json.loads(text)
+    except ValueError as exc:
+        raise UnreadableRecord(f"it is torn (not JSON: {exc})") from None
+    if not isinstance(d, dict):
+        raise UnreadableRecord(f"it is not a record (a JSON {type(d).__name__})")
+    if d.get("version") != ENV_VERSION:
+        raise UnreadableRecord(f"it is of format version {d.get('version')!r}, this ftlaunch reads {ENV_VERSION}")
+    if not isinstance(d.get("packages"), dict):
+        raise UnreadableRecord("it has no package list")
+    try:
+        return Environment.from_json(d)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise UnreadableRecord(f"it is not a record ({exc})") from None
+
+
 def recorded(run_dir: Path, before: int | None = None) -> Environment | None:
-    """The last attempt's recorded environment (before attempt ``before``), None when none was kept."""
+    """The last attempt's recorded environment (before attempt ``before``), None when none was kept.
+    UnreadableRecord when that newest record is there but unreadable (an older one is not used in its
+    place: it may predate a change)."""
     try:
         names = os.listdir(RunFolder(run_dir).environment)
     except OSError:
         return None
     attempts = sorted(int(m.group(1)) for n in names if (m := _ATTEMPT.match(n)))
     for n in reversed([a for a in attempts if before is None or a < before]):
+        path = attempt_path(run_dir, n)
         try:
-            return Environment.from_json(json.loads(attempt_path(run_dir, n).read_text()))
-        except (OSError, ValueError, AttributeError):
+            text = path.read_text(errors="replace")
+        except FileNotFoundError:
             continue
+        except OSError as exc:
+            raise UnreadableRecord(f"environment record {path}: {exc.strerror or exc}") from None
+        try:
+            return parse_record(text)
+        except UnreadableRecord as exc:
+            raise UnreadableRecord(f"environment record {path}: {exc.message}") from None
     return None
 
 
@@ -290,7 +324,11 @@ def _at_attempt_start(run_dir: Path, attempt: int, env: Mapping[str, str], resum
     t0 = time.perf_counter()
     state = read_state(run_dir)
     now = trainer_environment(env, gpus=bool(state.gpu_count), attempt=attempt)
-    previous, since_run = recorded(run_dir, before=attempt), None
+    try:
+        previous, since_run = recorded(run_dir, before=attempt), None
+    except UnreadableRecord as exc:  # said in the events; this attempt's own record is still made
+        append_event(run_dir, "environment_unreadable", attempt=attempt, message=exc.message)
+        previous, since_run = None, None
     if previous is None and state.schedule and attempt == 1:
         found = _previous_of_schedule(run_dir, env, state.schedule)
         if found is not None:
@@ -325,7 +363,14 @@ def refuse_resume(run_dir: Path, env: Mapping[str, str], state: RunState, checkp
     package changed since the last attempt that trained. Reads; writes and starts nothing."""
     if checkpoint is None:
         return
-    previous = recorded(run_dir)
+    try:
+        previous = recorded(run_dir)
+    except UnreadableRecord as exc:  # fails closed: an unknown environment is not an unchanged one
+        raise EnvChangedError(
+            f"run {run_dir.name}: the environment that wrote {checkpoint} is unknown: {exc.message}; resuming "
+            "across a change may not load the checkpoint or train the same",
+            hint=f"{ALLOW_HINT} (a new record is made), or move the record aside if it is yours to repair",
+        ) from None
     if previous is None:
         return
     diff = compare(previous, trainer_environment(env, gpus=False))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.plan.memory.prediction import MemoryPrediction
+from ftlaunch.run.checkpoints import set_aside_incomplete
 from ftlaunch.run.health import (
     Checkpoint,
     Decision,
@@ -440,12 +441,21 @@ class HealthWatch:
         )
         stamp = now_stamp()
         moved = set_aside(out, d.set_aside, stamp) + set_aside_final(out, stamp)
-        if moved:
-            append_event(self.run_dir, "checkpoint_set_aside", reason="diverged", moved=moved)
         why = {c.name: c.why for c in cks}
         listed = [f"{m} ({why[m.split(' -> ')[0]]})" if why.get(m.split(" -> ")[0]) else m for m in moved]
+        # A save the stop cut short is now the newest checkpoint-N: llamafactory would pick it by name and
+        # fail, and "left in place: none" would not be true (issue 31). Set aside as the next attempt would.
+        try:
+            partial = set_aside_incomplete(out, weights_only, stamp)
+        except OSError:  # a name taken, a read-only folder: said below as left in place
+            partial = []
+        moved += [f"{a.name} -> {a.moved_to}" for a in partial]
+        listed += [f"{a.name} -> {a.moved_to} (incomplete: {'; '.join(a.problems)})" for a in partial]
+        if moved:
+            append_event(self.run_dir, "checkpoint_set_aside", reason="diverged", moved=moved)
         aside = {name for name, _ in d.set_aside}
         kept = [c.name for c in sorted(cks, key=lambda c: c.step) if c.name not in aside]
+        older = [p.name for _, p in checkpoint_dirs(out) if p.name not in kept]  # incomplete ones still there
         if d.action is Response.ROLLBACK and "learning_rate" in d.edits and d.resume_from:
             err = scale_lr(out, d.resume_from, d.edits["learning_rate"], python, stamp)
             if err:
@@ -456,6 +466,8 @@ class HealthWatch:
                 )
         tail = f"set aside: {', '.join(listed)}" if listed else "nothing set aside"
         if d.action is not Response.ROLLBACK:
+            if older:
+                tail += f"; incomplete, left as they are: {', '.join(older)}"
             tail += f"; every checkpoint is kept; left in place: {', '.join(kept) or 'none'}"
         d = replace(d, message=f"{d.message}; {tail}")
         if d.action is Response.ROLLBACK:
