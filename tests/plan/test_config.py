@@ -11,7 +11,7 @@ import pytest
 from ftlaunch.errors import ConfigError
 from ftlaunch.plan.config import dump_yaml, known_keys, load_config, parse_value, read_header, resolve_paths
 
-from ..conftest import EXAMPLES, child_env, have_llamafactory, upstream_training_examples
+from ..conftest import EXAMPLES, ROOT, child_env, have_llamafactory, upstream_training_examples
 
 
 def test_overrides_parse_as_yaml_scalars_like_omegaconf():
@@ -216,3 +216,16 @@ def test_a_plan_imports_planning_only(tmp_path):
         "torch",
     ):
         assert module not in loaded, module
+
+
+def test_the_plan_benchmark_runs(tmp_path):
+    """scripts/bench_plan.py times real plans (its figures are the machine's; only its shape is tested)."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_plan.py"), "-n", "1", "--no-llamafactory", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    row = json.loads(r.stdout)["ftlaunch plan"]
+    assert row["runs"] == 1 and 0 < row["median_cpu_s"] and 0 < row["median_wall_s"]
