@@ -28,6 +28,9 @@ class Progress:
     throughput: float | None = None  # tokens/s when llamafactory counts tokens
     total_tokens: int | None = None
     vram_gib: float | None = None
+    # Recovering: the furthest step an earlier attempt reached ("recovering" lasts until it is passed,
+    # even when this attempt fails first); None once passed, or when nothing is being recovered.
+    furthest: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -52,8 +55,29 @@ def parse_trainer_log(text: str | bytes) -> list[dict[str, Any]]:
     return [r if "current_steps" in r else {**r, "current_steps": r["step"]} for r in records]
 
 
-def latest_progress(records: list[dict[str, Any]]) -> Progress:
-    """Fold records into one view: the last step, the last loss seen (the final record has none)."""
+def resume_point(before: dict[str, Any] | None, step: int) -> Progress:
+    """A recovering attempt's progress until its trainer logs a step: the step it resumes from (its
+    checkpoint's, 0 from the base model) of the same total. ``status`` then shows where training goes
+    on from and an ETA from there at the earlier rate, not the furthest step's, counted down to
+    ``ETA 0m00s`` while the trainer loads (issue 31)."""
+    before = before or {}
+    total = before.get("total_steps")
+    return Progress(
+        step=step, total_steps=total if isinstance(total, int) else None, furthest=furthest_step(before) or None
+    )
+
+
+def furthest_step(progress: dict[str, Any] | None) -> int:
+    """The furthest step a run's recorded progress says was reached (its step, or the step a
+    recovering attempt has not yet passed)."""
+    p = progress or {}
+    steps = [v for v in (p.get("step"), p.get("furthest")) if isinstance(v, int) and not isinstance(v, bool)]
+    return max(steps, default=0)
+
+
+def latest_progress(records: list[dict[str, Any]], furthest: int | None = None) -> Progress:
+    """Fold records into one view: the last step, the last loss seen (the final record has none).
+    ``furthest``: the step a recovering attempt must pass (kept while it has not)."""
     p: dict[str, Any] = {}
     for rec in records:
         p["step"] = rec.get("current_steps", p.get("step"))
@@ -64,6 +88,8 @@ def latest_progress(records: list[dict[str, Any]]) -> Progress:
                 p[key] = rec[key]
         if rec.get("vram_allocated") is not None:
             p["vram_gib"] = rec["vram_allocated"]
+    if furthest and (p.get("step") or 0) <= furthest:
+        p["furthest"] = furthest
     return Progress(**p)
 
 

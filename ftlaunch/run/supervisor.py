@@ -205,7 +205,7 @@ class Supervisor:
                 return self._finish(RunStatus.ENV_CHANGED, ex, 0, refused, values, budget)
             status = RunStatus.RUNNING if attempt == 1 else RunStatus.RECOVERING
             # A later attempt is "recovering" until the trainer passes the furthest step seen before.
-            recover_until = int((read_state(self.run_dir).progress or {}).get("step") or 0)
+            recover_until = prog.furthest_step(dict(read_state(self.run_dir).progress or {}))
             self.journal.attempt_started(attempt, status, budget, values, last[1].name if last else None, moved)
             resumed = last[1].name if last else None
             run_records.mark_attempt(self.run_dir, attempt, resumed, self.journal.unwritten)  # plot: a run's own steps
@@ -366,6 +366,10 @@ class Supervisor:
         forecast = DiskForecast.from_dict(state.disk) if state.disk else None
         records: list[dict] = []
         next_update = 0.0
+        # Recovering, until the trainer logs a step: progress is the resume point, refreshed (its ETA is
+        # the earlier rate's from there, never counted down to 0m00s while the trainer loads).
+        last = prog.last_complete_checkpoint(out, weights_only) if recover_until is not None else None
+        resumed = prog.resume_point(dict(state.progress or {}), last[0] if last else 0)
         next_watchdog = 0.0
         next_sample = self.clock() + min(1.0, self.sample_every)
         on_gpu = bool(state.gpu_count)  # the plan's machine: NVML is asked only when it has GPUs
@@ -396,7 +400,7 @@ class Supervisor:
                 steps_per_second = rate.update(int(new[0]["current_steps"]), last_step, now)
                 caught_up = recover_until is not None and last_step > recover_until
                 if self.clock() >= next_update or rc is not None or caught_up:
-                    p = prog.latest_progress(records)
+                    p = prog.latest_progress(records, furthest=None if caught_up else recover_until)
                     self.journal.progress(p, steps_per_second, now, recovered=attempt if caught_up else None)
                     recover_until = None if caught_up else recover_until
                     next_update = self.clock() + 1.0
@@ -409,6 +413,9 @@ class Supervisor:
             dog = self._watch_checkpoints(checkpoints, dog)
             if rc is not None:
                 break
+            if recover_until is not None and not records and self.clock() >= next_update:
+                self.journal.progress(resumed, state.steps_per_second, self.wall())
+                next_update = self.clock() + 1.0
             if self.clock() >= next_watchdog:
                 self.journal.watchdog(dog.to_dict(self.clock(), self.wall()))
                 next_watchdog = self.clock() + 5.0
@@ -421,7 +428,7 @@ class Supervisor:
                     continue
             self.sleep(self.poll)
         if records:  # the last lines may have arrived while updates were throttled
-            self.journal.last_progress(prog.latest_progress(records))
+            self.journal.last_progress(prog.latest_progress(records, furthest=recover_until))
         pump.join(timeout=10)
         signal_group(trainer.pid, signal.SIGKILL)  # leave no stray workers of the trainer's group
         self._watch_checkpoints(checkpoints, dog)  # a save that completed just before the exit

@@ -118,3 +118,58 @@ def test_resume_refuses_across_an_unreadable_record_unless_allowed(tmp_path, fak
     r = cli("resume", run_dir.name, "--foreground", "--allow-env-change")
     assert r.exit_code == 0, r.output
     assert starts(tmp_path) == 3 and recorded(run_dir).attempt == 3
+
+
+# ---------------------------------------------------------------- the ETA while recovering
+
+
+def test_the_resume_point_keeps_the_furthest_step_until_it_is_passed():
+    from ftlaunch.run import progress as prog
+
+    before = {"step": 37, "total_steps": 40, "loss": 1.2}
+    p = prog.resume_point(before, 30)
+    assert (p.step, p.total_steps, p.furthest, p.loss) == (30, 40, 37, None)
+    assert prog.furthest_step(p.to_dict()) == 37  # a restart that fails while loading still recovers to 37
+    recs = [{"current_steps": s, "total_steps": 40, "loss": 1.0} for s in (31, 32)]
+    assert prog.latest_progress(recs, furthest=37).furthest == 37
+    assert prog.furthest_step(prog.latest_progress(recs, furthest=37).to_dict()) == 37
+    recs.append({"current_steps": 38, "total_steps": 40, "loss": 1.0})
+    assert prog.latest_progress(recs, furthest=37).furthest is None  # passed: running again
+    assert prog.resume_point(None, 0) == prog.Progress(step=0)
+
+
+def test_status_while_recovering_shows_the_resume_point_and_an_eta_from_it_never_0m00s(tmp_path):
+    import threading
+    import time
+
+    from ftlaunch.run.state import RunStatus
+    from ftlaunch.run.supervisor import Supervisor
+    from ftlaunch.run.view import run_view
+
+    from .test_recovery import make_run
+
+    train = {"train": True, "steps": 24, "save_steps": 4, "step_sleep": 0.2}  # ~5 steps/s
+    run_dir, env = make_run(tmp_path, [{**train, "crash_after_saves": 1}, {"sleep": 8, **train}])
+    seen: list[tuple[float, int | None, float | None]] = []
+    done = threading.Event()
+
+    def watch_status() -> None:  # `status` while the supervisor (this thread: its signals) runs
+        while not done.is_set():
+            v = run_view(run_dir)
+            if v.status is RunStatus.RECOVERING and "fake trainer attempt 2" in (run_dir / "train.log").read_text():
+                seen.append((time.monotonic(), v.step, v.eta_seconds))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch_status, daemon=True)
+    watcher.start()
+    try:
+        codes = [Supervisor(run_dir, env, poll=0.05).run()]
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+    assert codes == [0]
+    loading = [(t, step, eta) for t, step, eta in seen if t - seen[0][0] < 7.5]  # the 8 s load of attempt 2
+    assert len(loading) > 10 and all(step == 4 for _, step, _ in loading), loading
+    # 20 steps left from checkpoint-4 at the first attempt's ~5 steps/s: ~4 s, refreshed every second
+    # (it was counted down from the first attempt's step to 0m00s after ~4 s of loading)
+    assert all(eta is not None and eta >= 1.5 for _, _, eta in loading), loading
