@@ -41,6 +41,9 @@ from ftlaunch.plan.modelspec import ModelSpec
 # measured peak RSS 1.284 GiB (full) and 1.138 GiB (LoRA) for the ~170k-parameter tiny model, whose
 # tensors are a few MiB (10 steps each, scripts/bench_host_memory.py): their mean. Interpreter, torch,
 # transformers, datasets, llamafactory, the tokenizer and the tokenized dataset.
+# Held out (measured after the constants were set, cutoff 256): tiny full 1.272 GiB (-4.0%), tiny LoRA
+# 1.270 (-3.9%), 86M full 2.514 (+2.6%), 86M LoRA 1.655 (+2.2%); the 86M runs at cutoff 128 before them:
+# full 2.504 (+1.2%), LoRA 1.736 (-2.6%).
 HOST_BASE_GIB = 1.21
 # What the tensor peak adds in RSS beyond the tensors themselves (allocator slack): none was seen on
 # the ~86M-parameter model's full fine-tuning (1.33 GiB of tensors, 2.50 GiB peak RSS).
