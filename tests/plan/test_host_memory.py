@@ -20,6 +20,8 @@ from ftlaunch.plan.memory.setup import setup_from_config
 from ftlaunch.plan.modelspec import spec_from_config
 from ftlaunch.plan.planner import plan
 
+from ..conftest import needs_train_stack
+
 MODELS = Path(__file__).resolve().parents[1] / "data" / "corpus" / "model-configs"
 OPTIM = ("adamw_torch", "set in the test")
 
@@ -151,3 +153,27 @@ def test_plan_gpu_none_uses_this_machines_ram_or_host_ram(tmp_path, monkeypatch)
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["memory"]["capacity_gib"] == 512.0 and "this machine's" in d["memory"]["host_ram_note"]
+
+
+@pytest.mark.e2e
+@needs_train_stack
+def test_a_real_cpu_run_peaks_within_10_percent_of_the_prediction(tiny, tmp_path):
+    """The tiny model trained for real on the CPU (llamafactory-cli, 4 steps): its process tree's peak
+    resident set against the plan's host prediction (scripts/bench_host_memory.py samples it)."""
+    import importlib.util
+
+    from ftlaunch.plan.config import dump_yaml
+    from ftlaunch.run.prepare import PlanRequest, make_plan
+
+    from ..conftest import ROOT, tiny_config, write_yaml
+
+    spec = importlib.util.spec_from_file_location("bench_host_memory", ROOT / "scripts" / "bench_host_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, tmp_path / "out", max_steps=4, save_steps=4))
+    _, p = make_plan(PlanRequest(config=str(cfg), gpu="none", host_ram_gib=64.0), {})
+    assert p.memory is not None and p.memory.device == "host" and p.memory.verdict is Verdict.FITS
+    adapted = tmp_path / "adapted.yaml"
+    adapted.write_text(dump_yaml(p.config))
+    got = bench.measure(adapted, tmp_path / "train.log")["peak_rss_gib"]
+    assert abs(p.memory.peak_gib - got) / got < 0.10, (p.memory.peak_gib, got)
