@@ -34,12 +34,12 @@ def _say(text: str) -> None:
 )
 @click.option(
     "--probe-steps",
-    type=click.IntRange(min=2),
+    type=click.IntRange(min=2, max=10_000),
     help="Also run N real optimizer steps here (scratch output_dir) and measure sustained throughput.",
 )
 @click.option(
     "--warmup-steps",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=10_000),
     default=5,
     show_default=True,
     help="Probe steps run first and not measured.",

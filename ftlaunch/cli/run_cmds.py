@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ftlaunch.cli.follow import FOLLOW_TAIL_LINES, follow_and_exit, follow_log
-from ftlaunch.cli.options import env_now, run_options, stderr_is_tty
+from ftlaunch.cli.options import FiniteFloat, env_now, run_options, stderr_is_tty
 from ftlaunch.cli.render import console, echo_json, err_console, runs_table, status_table
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def _how_to_watch(run_dir: Path, stop_note: str = "") -> None:
 )
 @click.option(
     "--rendezvous-timeout",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0, max=86400),
     default=300.0,
     show_default=True,
     help="--slurm: seconds for every node to reach MASTER_ADDR before an attempt fails as `rendezvous` (0: no check).",
@@ -261,7 +261,13 @@ def logs(run: str | None, follow: bool) -> None:
 
 @click.command()
 @click.argument("run", required=False)
-@click.option("--grace", type=float, default=30.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
+@click.option(
+    "--grace",
+    type=FiniteFloat(min=0, max=3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL (0 to 3600).",
+)
 def stop(run: str | None, grace: float) -> None:
     """Stop RUN gracefully: SIGTERM to the trainer's process group, then SIGKILL. Checkpoints stay.
 

@@ -44,7 +44,9 @@ def schedule_group() -> None:
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.argument("overrides", nargs=-1)
 @click.option("--cron", "cron_expr", required=True, help='When: 5 cron fields or @daily etc., e.g. "0 2 * * *".')
-@click.option("--keep", type=click.IntRange(min=1), help="Keep the N newest successful outputs; prune older ones.")
+@click.option(
+    "--keep", type=click.IntRange(min=1, max=10_000), help="Keep the N newest successful outputs; prune older ones."
+)
 @click.option(
     "--only-if-changed",
     is_flag=True,

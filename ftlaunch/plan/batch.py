@@ -11,8 +11,10 @@ import math
 
 
 def divisors_desc(n: int) -> list[int]:
-    """The divisors of ``n``, largest first."""
-    return [d for d in range(n, 0, -1) if n % d == 0]
+    """The divisors of ``n``, largest first (pairs up to sqrt(n): a typed 1e20 is refused elsewhere,
+    but no count a user types makes this loop long)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)}, reverse=True)
 
 
 def split_batch(per_device: int, preferred_micro: int) -> tuple[int, int]:

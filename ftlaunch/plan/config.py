@@ -385,7 +385,13 @@ def validate_keys(values: Mapping[str, Any]) -> list[str]:
 
 
 # Keys that must be whole numbers >= 1: the planner divides by them and keeps their product.
-POSITIVE_INT_KEYS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+POSITIVE_INT_KEYS = (
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "cutoff_len",
+)
+MAX_BATCH_KEY = 2**20  # a micro-batch or accumulation beyond this is a typo; --global-batch has the same bound
 
 
 def _number(value: Any) -> float | None:
@@ -425,6 +431,8 @@ def validate_values(values: Mapping[str, Any]) -> list[str]:
         v = values.get(k)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             problems.append(f"key {k!r} must be a whole number >= 1, got {v!r}")
+        elif v is not None and k != "cutoff_len" and v > MAX_BATCH_KEY:
+            problems.append(f"key {k!r} must be at most {MAX_BATCH_KEY:,} (2^20), got {v!r}")
     steps = values.get("max_steps")
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps == 0 or steps < -1):
         problems.append(f"key 'max_steps' must be a whole number >= 1 (or -1: train by epochs), got {steps!r}")

@@ -47,13 +47,7 @@ bf16: true
 
 # Options whose commands belong elsewhere and still take these values (strict: a fix makes them pass,
 # and the mark must then go). They are one `type=` each; cli/options.FiniteFloat is the float type.
-KNOWN_GAPS = {
-    ("stop", "--grace"): set(BAD),  # type=float: any float, NaN and negative too (cli/run_cmds.py)
-    ("train", "--rendezvous-timeout"): {"nan", "inf", "1e309", "99999999999999999999"},  # FloatRange(min=0)
-    ("estimate", "--probe-steps"): {"99999999999999999999"},  # IntRange(min=2), no bound (cli/estimate.py)
-    ("estimate", "--warmup-steps"): {"99999999999999999999"},  # IntRange(min=0), no bound
-    ("schedule add", "--keep"): {"99999999999999999999"},  # IntRange(min=1), no bound (cli/schedule.py)
-}
+KNOWN_GAPS: dict[tuple[str, str], set[str]] = {}
 # Accepted by the parser and refused by the command before anything runs (exit 4, the limit named).
 MACHINE_CHECKED = {"--nodes"}
 
@@ -167,14 +161,10 @@ def keys_ftlaunch_reads() -> list[str]:
     return sorted(found)
 
 
-# Overrides that still end badly, in modules this test does not own (strict xfail: fixed, they pass).
-# run=False for the hangs: the planner lists every divisor of the per-device batch (plan/batch.py
-# divisors_desc is O(n)) and plan/config.py puts no upper bound on the batch keys.
-OVERRIDE_GAPS = {
-    ("per_device_train_batch_size", "99999999999999999999"): "hangs: divisors_desc is O(n) (plan/batch.py)",
-    ("gradient_accumulation_steps", "99999999999999999999"): "hangs: divisors_desc is O(n) (plan/batch.py)",
-    ("cutoff_len", "-5"): "traceback: ValueError 'seq_len must be >= 1' (plan/config.py validates no cutoff_len)",
-}
+# Overrides that still end badly (strict xfail: fixed, they pass; run=False for a hang). None left:
+# the batch keys are bounded (plan/config.py MAX_BATCH_KEY), divisors are found up to sqrt(n)
+# (plan/batch.py), and cutoff_len must be >= 1.
+OVERRIDE_GAPS: dict[tuple[str, str], str] = {}
 
 
 def _override_cases() -> list:
