@@ -31,6 +31,7 @@ _BY_MODULE: Mapping[str, Mapping[str, str]] = {
     "estimate": {"estimate": "estimate_cmd"},
     "plot": {"plot": "plot_cmd"},
     "schedule": {"schedule": "schedule_group"},
+    "bundle": {"bundle": "bundle_cmd"},
 }
 COMMANDS: Mapping[str, tuple[str, str]] = {
     name: (f"ftlaunch.cli.{module}", attr) for module, names in _BY_MODULE.items() for name, attr in names.items()

@@ -48,6 +48,7 @@ ORDER = [
     "schedule remove",
     "estimate",
     "plot",
+    "bundle",
     "download",
     "api",
     "chat",
