@@ -1,9 +1,10 @@
 """How fast training runs: measured by a probe, or guessed from a card's peak FLOP/s.
 
 Pure: the sustained rate (seconds/step, tokens/s) from a probe's trainer_log.jsonl records, warm-up
-steps discarded and start-up and teardown split off; the dense peak TFLOP/s of catalog cards; and
-training FLOPs per token for a ``ModelShape``. ftlaunch.estimate.core turns these into time ranges;
-ftlaunch.estimate.probe runs the probe. Method: docs/estimate.md, sections 4-5.
+steps discarded and start-up and teardown split off; the dense peak TFLOP/s of a card (the figures
+are the GPU catalog's, ftlaunch.plan.catalog); and training FLOPs per token for a ``ModelShape``.
+ftlaunch.estimate.core turns these into time ranges; ftlaunch.estimate.probe runs the probe. Method:
+docs/estimate.md, sections 4-5.
 """
 
 from __future__ import annotations
@@ -87,49 +88,31 @@ def throughput_from_probe(
 # Compute: FLOPs per token, peak FLOP/s per card
 # ============================================================================================
 
-# Dense peak TFLOP/s per GPU from the vendors' data sheets (no sparsity): (16-bit tensor cores with
-# fp32 accumulate, fp32). Keys match ftlaunch.plan.hardware.CATALOG.
-PEAK_TFLOPS: dict[str, tuple[float, float]] = {
-    "P100-16GB": (18.7, 9.3),
-    "V100-16GB": (125.0, 15.7),
-    "V100-32GB": (125.0, 15.7),
-    "T4": (65.0, 8.1),
-    "RTX2080TI": (53.8, 13.4),
-    "A10": (125.0, 31.2),
-    "A10G": (70.0, 31.2),  # not published by NVIDIA; the commonly measured figure
-    "L4": (121.0, 30.3),
-    "L40S": (362.0, 91.6),
-    "RTX3090": (71.0, 35.6),
-    "RTX4090": (165.2, 82.6),
-    "A6000": (154.8, 38.7),
-    "A100-40GB": (312.0, 19.5),
-    "A100-80GB": (312.0, 19.5),
-    "H100-80GB": (989.0, 67.0),
-    "H200": (989.0, 67.0),
-}
-
 
 def _norm(name: str) -> str:
     return "".join(ch for ch in name.upper() if ch.isalnum())
 
 
 def peak_tflops(gpu_name: str, precision: str) -> float | None:
-    """Dense peak TFLOP/s of one GPU for ``precision`` (bf16/fp16/pure_bf16 or fp32); None if unknown."""
-    from ftlaunch.plan.hardware import CATALOG
+    """Dense peak TFLOP/s of one GPU for ``precision`` (bf16/fp16/pure_bf16 or fp32); None if unknown.
 
-    key = next((k for k, v in CATALOG.items() if _norm(v[0]) == _norm(gpu_name) or _norm(k) == _norm(gpu_name)), None)
+    The figures are the catalog's (ftlaunch.plan.catalog.CARDS): a card named as NVML names it or by
+    its catalog key, else a probed name matched to a card's family, then to its memory."""
+    from ftlaunch.plan.catalog import CARDS
+
+    wanted = _norm(gpu_name)
+    key = next(
+        (k for k, c in CARDS.items() if _norm(k) == wanted or any(_norm(n) == wanted for n in c.nvml_names)), None
+    )
     if key is None:  # a probed name that is not in the catalog: match the family, then the memory
-        name = _norm(gpu_name)
-        found = [k for k in PEAK_TFLOPS if _norm(k.split("-")[0]) in name]
+        found = [k for k in CARDS if _norm(k.split("-")[0]) in wanted]
         longest = max((len(k.split("-")[0]) for k in found), default=0)
         found = [k for k in found if len(k.split("-")[0]) == longest]
-        exact = [k for k in found if "-" in k and _norm(k.split("-")[1]) in name]
+        exact = [k for k in found if "-" in k and _norm(k.split("-")[1]) in wanted]
         found = exact or found
-        key = found[0] if found and len({PEAK_TFLOPS[k] for k in found}) == 1 else None
-    if key is None or key not in PEAK_TFLOPS:
-        return None
-    half, single = PEAK_TFLOPS[key]
-    return single if precision == "fp32" else half
+        figures = {(CARDS[k].tflops_16bit, CARDS[k].tflops_fp32) for k in found}
+        key = found[0] if found and len(figures) == 1 else None
+    return None if key is None else CARDS[key].peak_tflops(precision)
 
 
 @dataclass(frozen=True)

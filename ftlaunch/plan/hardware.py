@@ -1,4 +1,4 @@
-"""What the machine has: GPUs, host RAM, disk. Values, the catalog and the parsers, all pure.
+"""What the machine has: GPUs, host RAM, disk. Values, catalog machines and the parsers, all pure.
 
 The shells that fill them live in ftlaunch.probe: the probe (NVML, then ``nvidia-smi``, then "no
 GPU"), the hardware file reader and the runtime GPU sampler. ``CUDA_VISIBLE_DEVICES`` is honoured
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import HardwareError
+from ftlaunch.plan.catalog import CARDS
 
 MIB_PER_GIB = 1024
 
@@ -76,7 +77,7 @@ class Hardware:
     versions: Mapping[str, str | None] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     # Pairs of GPU indices (as the trainer sees them) that cannot reach each other peer to peer:
-    # measured by NVML on a probed machine, assumed for the catalog's GeForce cards (see CATALOG).
+    # measured by NVML on a probed machine, assumed for the catalog's cards without P2P (catalog.Card.p2p).
     p2p_blocked: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -146,33 +147,14 @@ class Hardware:
 
 # ---------------------------------------------------------------- catalog (what-if planning)
 
-# name -> (marketing name, memory MiB as NVML reports it, compute capability)
+# The catalog's cards are rows of ftlaunch.plan.catalog.CARDS (one table, read by the estimate too).
+# name -> (NVML name, memory MiB as NVML reports it, compute capability): a view of it.
 CATALOG: dict[str, tuple[str, int, tuple[int, int]]] = {
-    "P100-16GB": ("Tesla P100-PCIE-16GB", 16280, (6, 0)),
-    "V100-16GB": ("Tesla V100-SXM2-16GB", 16160, (7, 0)),
-    "V100-32GB": ("Tesla V100-SXM2-32GB", 32510, (7, 0)),
-    "T4": ("Tesla T4", 15360, (7, 5)),
-    "RTX2080TI": ("NVIDIA GeForce RTX 2080 Ti", 11264, (7, 5)),
-    "A10": ("NVIDIA A10", 23028, (8, 6)),
-    "A10G": ("NVIDIA A10G", 23028, (8, 6)),
-    "L4": ("NVIDIA L4", 23034, (8, 9)),
-    "L40S": ("NVIDIA L40S", 46068, (8, 9)),
-    "RTX3090": ("NVIDIA GeForce RTX 3090", 24576, (8, 6)),
-    "RTX4090": ("NVIDIA GeForce RTX 4090", 24564, (8, 9)),
-    "A6000": ("NVIDIA RTX A6000", 49140, (8, 6)),
-    "A100-40GB": ("NVIDIA A100-SXM4-40GB", 40960, (8, 0)),
-    "A100-80GB": ("NVIDIA A100-SXM4-80GB", 81920, (8, 0)),
-    "H100-80GB": ("NVIDIA H100 80GB HBM3", 81559, (9, 0)),
-    "H200": ("NVIDIA H200", 143771, (9, 0)),
+    k: (c.nvml_name, c.memory_mib, c.compute_capability) for k, c in CARDS.items()
 }
-
-
-# Consumer (GeForce) cards whose driver gives no peer-to-peer access over PCIe (the RTX 4090 has none
-# at all; the 3090 and 2080 Ti only over an NVLink bridge a what-if cannot know of). A what-if for
-# several of them plans NCCL_P2P_DISABLE=1: where P2P does work it only costs bandwidth, where it does
-# not, NCCL hangs without it. Data-centre and workstation cards are assumed to have P2P; a probed
-# machine is measured (nvmlDeviceGetP2PStatus) instead.
-NO_P2P = frozenset({"RTX2080TI", "RTX3090", "RTX4090"})
+# Cards without peer-to-peer access over PCIe (Card.p2p): a what-if for several of them plans
+# NCCL_P2P_DISABLE=1; a probed machine is measured (nvmlDeviceGetP2PStatus) instead.
+NO_P2P = frozenset(k for k, c in CARDS.items() if not c.p2p)
 
 
 def _norm(name: str) -> str:
@@ -277,9 +259,13 @@ def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
     key, count = parse_gpu_spec(spec)
     if key == "none":
         return Hardware(source="catalog:none", host_ram_gib=host_ram_gib)
-    full, mib, cc = CATALOG[key]
-    gpus = tuple(Gpu(index=i, name=full, total_mib=mib, free_mib=mib, compute_capability=cc) for i in range(count))
-    blocked = all_pairs(count) if key in NO_P2P else ()
+    card = CARDS[key]
+    mib = card.memory_mib
+    gpus = tuple(
+        Gpu(index=i, name=card.nvml_name, total_mib=mib, free_mib=mib, compute_capability=card.compute_capability)
+        for i in range(count)
+    )
+    blocked = () if card.p2p else all_pairs(count)
     return Hardware(gpus=gpus, source=f"catalog:{key}x{count}", host_ram_gib=host_ram_gib, p2p_blocked=blocked)
 
 
