@@ -200,13 +200,32 @@ def _submit_slurm(
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True)
-def runs(as_json: bool) -> None:
-    """List every run: id, name, status, progress, started, output_dir.
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Redraw every run in place (engine, status, step/total, loss sparkline, tokens/s, ETA, restarts,"
+    " last event) until q or Ctrl-C.",
+)
+@click.option(
+    "--interval",
+    type=FiniteFloat(0.2, 3600),
+    default=1.0,
+    show_default=True,
+    help="--watch: seconds between redraws.",
+)
+def runs(as_json: bool, watch: bool, interval: float) -> None:
+    """List every run: id, name, status, progress, started, output_dir. `--watch` keeps a live view of
+    them all (q or Ctrl-C leaves).
 
     \b
     Example:
       ftlaunch runs
     """
+    if watch:
+        from ftlaunch.cli.watch import watch_runs
+
+        watch_runs(env_now(), interval)
+        return
     from ftlaunch.run.view import all_runs
 
     rows = all_runs(env_now())
