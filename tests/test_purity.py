@@ -18,8 +18,10 @@ PLAN = Path(__file__).resolve().parent.parent / "ftlaunch" / "plan"
 
 # module (relative to ftlaunch/plan) -> why it may read
 READERS = {
-    "config.py": "the config loader: reads the YAML as llamafactory-cli does (OmegaConf), the shipped "
-    "key list and dataset_info.json; it is what turns a file into the values planning works on",
+    "config.py": "the config loader: reads the YAML as llamafactory-cli does (OmegaConf) and "
+    "dataset_info.json; it is what turns a file into the values planning works on",
+    "keyschema.py": "reads the key lists shipped as package data (ftlaunch/data/llamafactory_keys.json), "
+    "once: the schema both config and v1 check against",
     "modelspec.py": "load_config_json reads a local model's config.json, the one reader of model shapes",
     "memory/adapt.py": "model_spec_for reads --model-config FILE (the glue that finds a model's shape)",
     "memory/store.py": "the learned-memory store: $FTLAUNCH_HOME/learned.json, written under a lock",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftlaunch.plan.flags import truthy
+from ftlaunch.plan.keyschema import shipped_keys
 
 __all__ = [
     "Rule",
@@ -124,8 +125,6 @@ def _lf(values: Mapping[str, Any], key: str) -> Any:
     shipped key list, generated from the installed llamafactory)."""
     if key in values:
         return values[key]
-    from ftlaunch.plan.config import shipped_keys
-
     return shipped_keys().get("defaults", {}).get(key)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from ftlaunch.errors import ConfigError
 from ftlaunch.plan.batch import split_batch
 from ftlaunch.plan.hardware import Hardware
+from ftlaunch.plan.keyschema import kind_ok, known_keys, looks_like_path, shipped_keys, validate_values
 
 ENV_VAR = "USE_V1"
 # The distributed plugins llamafactory 0.9.5 registers (v1/plugins/trainer_plugins/distributed/hub.py).
@@ -67,8 +68,6 @@ MOVED = {
 @cache
 def schema() -> dict[str, Any]:
     """``{"keys": {name: kind}, "choices": {name: [values]}}`` of the v1 trainer."""
-    from ftlaunch.plan.config import shipped_keys  # config imports v1 inside a function: no circle
-
     return dict(shipped_keys()["v1"])
 
 
@@ -86,8 +85,6 @@ def schema_of(values: Mapping[str, Any], use_v1: bool) -> tuple[bool, list[str]]
     anchor; both kinds of key at once is a problem (llamafactory-cli rejects it either way)."""
     if use_v1:
         return True, []
-    from ftlaunch.plan.config import known_keys
-
     only_v1 = sorted(k for k in values if k in v1_keys() and k not in known_keys())
     anchors = [k for k in V0_ANCHORS if k in values]
     if not only_v1:
@@ -119,8 +116,6 @@ def _whole(value: Any, minimum: int) -> bool:
 
 def validate(values: Mapping[str, Any]) -> list[str]:
     """Every problem of a v1 config, as llamafactory 0.9.5's v1 parser and trainer would meet it."""
-    from ftlaunch.plan.config import _kind_ok, validate_values
-
     keys, choices = v1_keys(), schema()["choices"]
     problems: list[str] = []
     for k in sorted(values, key=str):
@@ -134,7 +129,7 @@ def validate(values: Mapping[str, Any]) -> list[str]:
         problems.append(f"unknown key {k!r}{where}: llamafactory-cli with USE_V1=1 (the v1 trainer) would reject it")
     for k, v in values.items():
         kind = keys.get(k)
-        if kind and kind != "dict" and not _kind_ok(kind, v):
+        if kind and kind != "dict" and not kind_ok(kind, v):
             problems.append(f"key {k!r} must be {kind}, got {type(v).__name__} {v!r} (USE_V1)")
         if k in choices and v is not None and str(v) not in choices[k]:
             problems.append(f"key {k!r} must be one of {', '.join(choices[k])} (USE_V1), got {v!r}")
@@ -175,8 +170,6 @@ def validate(values: Mapping[str, Any]) -> list[str]:
 def _local_or_hub(key: str, value: str, base_dir: Path, strict: bool, problems: list[str], warnings: list[str]) -> str:
     """A path-or-hub-id value made absolute when it exists; a missing path that is clearly one
     (./x, /x, a data file's suffix) is a problem for train and a warning for plan."""
-    from ftlaunch.plan.config import looks_like_path
-
     p = Path(value).expanduser()
     absolute = p if p.is_absolute() else base_dir / p
     if absolute.exists():
