@@ -5,6 +5,7 @@ the trainer prints is caught. Pure decisions first, then real supervisor runs of
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -192,16 +193,20 @@ def stalls(run_dir: Path) -> list[dict]:
 @pytest.mark.parametrize(
     ("shape", "policy", "said"),
     [
-        ("save", StallPolicy(timeout=1.0), "no progress for 3 s after step 5 (saving; allowance 3 s"),
-        ("eval", StallPolicy(timeout=1.0), "evaluating for 12 s after step 5, past the phase's limit of 12 s"),
-        ("load", StallPolicy(timeout=1.0, load_floor=2.0), "loading for 8 s before the first step, past the phase's"),
+        ("save", StallPolicy(timeout=1.0), r"no progress for \d+ s after step 5 \(saving; allowance 3 s"),
+        ("eval", StallPolicy(timeout=1.0), r"evaluating for \d+ s after step 5, past the phase's limit of 12 s"),
+        (
+            "load",
+            StallPolicy(timeout=1.0, load_floor=2.0),
+            r"loading for \d+ s before the first step, past the phase's",
+        ),
     ],
 )
 def test_a_hang_that_prints_is_stalled_and_resumed_with_every_step_once(tmp_path, shape, policy, said):
     code, run_dir, took = scripted(tmp_path, shape, policy)
     assert code == 0 and took < 90, took
     (stall,) = stalls(run_dir)
-    assert said in " ".join(stall["message"].split()), stall["message"]
+    assert re.search(said, " ".join(stall["message"].split())), stall["message"]  # seconds: whenever a poll saw it
     st = read_state(run_dir)
     assert st.status is RunStatus.SUCCEEDED and st.attempt == 2
     steps = [json.loads(x)["current_steps"] for x in (tmp_path / "out" / "trainer_log.jsonl").read_text().splitlines()]
