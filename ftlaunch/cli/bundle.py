@@ -29,7 +29,7 @@ def bundle_cmd(run: str | None, output: Path | None) -> None:
       ftlaunch bundle nightly -o nightly-bug.tar.gz
     """
     from ftlaunch.run.bundle import write_bundle
-    from ftlaunch.run.store import find_run
+    from ftlaunch.run.view import find_run
 
     env = env_now()
     run_dir = find_run(env, run)

@@ -137,7 +137,7 @@ def _run_environment(
     from ftlaunch.files import write_text_atomic
     from ftlaunch.plan.tables import Col, Grid
     from ftlaunch.run.environment import diff_of_runs, lock_of_run
-    from ftlaunch.run.store import find_run
+    from ftlaunch.run.view import find_run
 
     if lock_run is not None and diff_run is not None:
         raise click.UsageError("--lock and --diff are separate commands")

@@ -246,8 +246,7 @@ def status(run: str | None, as_json: bool) -> None:
       ftlaunch status
       ftlaunch status nightly --json
     """
-    from ftlaunch.run.store import find_run
-    from ftlaunch.run.view import run_view
+    from ftlaunch.run.view import find_run, run_view
 
     view = run_view(find_run(env_now(), run))
     if as_json:
@@ -268,7 +267,8 @@ def logs(run: str | None, follow: bool) -> None:
       ftlaunch logs
       ftlaunch logs -f 20261130-1200
     """
-    from ftlaunch.run.store import RunFolder, find_run
+    from ftlaunch.run.store import RunFolder
+    from ftlaunch.run.view import find_run
 
     run_dir = find_run(env_now(), run)
     if follow:
@@ -295,7 +295,7 @@ def stop(run: str | None, grace: float) -> None:
       ftlaunch stop
     """
     from ftlaunch.run.control import stop_run
-    from ftlaunch.run.store import find_run
+    from ftlaunch.run.view import find_run
 
     env = env_now()
     click.echo(stop_run(find_run(env, run), env, grace=grace))
@@ -343,7 +343,7 @@ def resume(
       ftlaunch resume nightly per_device_train_batch_size=1 gradient_accumulation_steps=8
     """
     from ftlaunch.run.control import ResumeOutcome, preview_run_edit, resume_run
-    from ftlaunch.run.store import find_run
+    from ftlaunch.run.view import find_run
 
     runs = [a for a in args if "=" not in a]
     overrides = tuple(a for a in args if "=" in a)

@@ -19,7 +19,8 @@ from ftlaunch.errors import FtlaunchError
 from ftlaunch.run import accounting as acc
 from ftlaunch.run.progress import parse_trainer_log
 from ftlaunch.run.records import read_attempts
-from ftlaunch.run.store import RunFolder, find_run, read_events, read_state
+from ftlaunch.run.store import RunFolder, read_events, read_state
+from ftlaunch.run.view import find_run
 
 TRAINER_LOG = "trainer_log.jsonl"
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from ftlaunch.errors import FtlaunchError, RunNotFoundError, StateError, StateVersionError
+from ftlaunch.errors import StateError, StateVersionError
 from ftlaunch.files import home_folder, now_iso, to_json, write_json_atomic, write_text_atomic
 from ftlaunch.locks import held
 from ftlaunch.plan.config import dump_yaml, read_header
@@ -353,52 +353,6 @@ def _creation_order(run_dir: Path) -> tuple[str, int, str]:
     except OSError:
         made = 0
     return run_dir.name[: len("YYYYmmdd-HHMMSS")], made, run_dir.name
-
-
-def find_run(env: Mapping[str, str], ref: str | None) -> Path:
-    """RUN is an id, a unique id prefix or a name; None means the latest run."""
-    runs = list_runs(env)
-    if not runs:
-        raise RunNotFoundError(f"no runs under {runs_root(env)}", hint="start one with `ftlaunch train CONFIG.yaml`")
-    if ref is None:
-        return runs[-1]
-    exact = [p for p in runs if p.name == ref]
-    if exact:
-        return exact[0]
-    prefix = [p for p in runs if p.name.startswith(ref)]
-    if len(prefix) == 1:
-        return prefix[0]
-    named = [p for p in runs if run_name(p) == ref]
-    if len(named) == 1:
-        return named[0]
-    if len(named) > 1:  # a name may be reused (every `train` of one config): never guess which
-        raise RunNotFoundError(
-            f"run name {ref!r} matches {len(named)} runs, oldest first:\n{_started_list(named)}",
-            hint=f"name one by its id (or a unique prefix of it), e.g. {named[-1].name} for the latest",
-        )
-    if len(prefix) > 1:
-        raise RunNotFoundError(
-            f"run {ref!r} is ambiguous: {', '.join(p.name for p in prefix)}",
-            hint="give more characters of the id",
-        )
-    raise RunNotFoundError(f"no run {ref!r}", hint="`ftlaunch runs` lists them")
-
-
-def _started_list(run_dirs: list[Path]) -> str:
-    """One line per run, oldest first: id, status, start time and output_dir, enough to tell runs of
-    one name apart. The status is the one `ftlaunch runs` shows (a dead supervisor's run is lost)."""
-    from ftlaunch.run.view import run_view  # view reads the store: imported here, not at the top
-
-    out = []
-    for p in run_dirs:
-        try:
-            v = run_view(p)
-        except FtlaunchError:
-            out.append(f"  - {p.name}  state unreadable")
-            continue
-        started = (v.created or "?")[:19].replace("T", " ")
-        out.append(f"  - {p.name}  {v.status.value}, started {started} UTC, output_dir {v.output_dir}")
-    return "\n".join(out)
 
 
 def run_name(run_dir: Path) -> str | None:

@@ -1,6 +1,9 @@
 """A run as `status` and `runs` show it: liveness decides running vs lost (failing closed), Slurm
 decides for a Slurm run, plus progress, ETA, GPU memory in use and cost from the run's own records.
-``RunView`` is that value; ``to_json`` is `status --json` and a row of `runs --json`.
+``RunView`` is that value; ``to_json`` is `status --json` and a row of `runs --json`. ``find_run``
+turns a RUN argument (an id, a unique id prefix, a name; the latest run by default) into its folder,
+here and not in the store because a name several runs share is refused with a list of them and the
+status each has now (a view of each).
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftlaunch.errors import StateError
+from ftlaunch.errors import FtlaunchError, RunNotFoundError, StateError
 from ftlaunch.probe.usage import gpu_memory_of
 from ftlaunch.run import progress as prog
 from ftlaunch.run.journal import read_last_word
 from ftlaunch.run.procs import Liveness, liveness
 from ftlaunch.run.state import FailureKind, RunState, RunStatus
-from ftlaunch.run.store import RunFolder, read_events, read_state
+from ftlaunch.run.store import RunFolder, list_runs, read_events, read_state, run_name, runs_root
 
 
 @dataclass(frozen=True)
@@ -363,8 +366,6 @@ def _process_tree(pid: int) -> set[int]:
 
 def all_runs(env: Mapping[str, str]) -> list[RunView]:
     """Every run; one whose state cannot be read says so (status unreadable)."""
-    from ftlaunch.run.store import list_runs
-
     out: list[RunView] = []
     for run_dir in list_runs(env):
         try:
@@ -372,3 +373,47 @@ def all_runs(env: Mapping[str, str]) -> list[RunView]:
         except StateError as exc:
             out.append(RunView.unreadable(run_dir, exc.message))
     return out
+
+
+def find_run(env: Mapping[str, str], ref: str | None) -> Path:
+    """RUN is an id, a unique id prefix or a name; None means the latest run."""
+    runs = list_runs(env)
+    if not runs:
+        raise RunNotFoundError(f"no runs under {runs_root(env)}", hint="start one with `ftlaunch train CONFIG.yaml`")
+    if ref is None:
+        return runs[-1]
+    exact = [p for p in runs if p.name == ref]
+    if exact:
+        return exact[0]
+    prefix = [p for p in runs if p.name.startswith(ref)]
+    if len(prefix) == 1:
+        return prefix[0]
+    named = [p for p in runs if run_name(p) == ref]
+    if len(named) == 1:
+        return named[0]
+    if len(named) > 1:  # a name may be reused (every `train` of one config): never guess which
+        raise RunNotFoundError(
+            f"run name {ref!r} matches {len(named)} runs, oldest first:\n{_started_list(named)}",
+            hint=f"name one by its id (or a unique prefix of it), e.g. {named[-1].name} for the latest",
+        )
+    if len(prefix) > 1:
+        raise RunNotFoundError(
+            f"run {ref!r} is ambiguous: {', '.join(p.name for p in prefix)}",
+            hint="give more characters of the id",
+        )
+    raise RunNotFoundError(f"no run {ref!r}", hint="`ftlaunch runs` lists them")
+
+
+def _started_list(run_dirs: list[Path]) -> str:
+    """One line per run, oldest first: id, status, start time and output_dir, enough to tell runs of
+    one name apart. The status is the one `ftlaunch runs` shows (a dead supervisor's run is lost)."""
+    out = []
+    for p in run_dirs:
+        try:
+            v = run_view(p)
+        except FtlaunchError:
+            out.append(f"  - {p.name}  state unreadable")
+            continue
+        started = (v.created or "?")[:19].replace("T", " ")
+        out.append(f"  - {p.name}  {v.status.value}, started {started} UTC, output_dir {v.output_dir}")
+    return "\n".join(out)

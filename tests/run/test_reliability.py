@@ -18,8 +18,9 @@ from ftlaunch.cli.main import main
 from ftlaunch.errors import StateError
 from ftlaunch.run.recovery import classify, decide, oom_numbers, oom_step
 from ftlaunch.run.state import Budget
-from ftlaunch.run.store import find_run, read_events, read_state, update_state
+from ftlaunch.run.store import read_events, read_state, update_state
 from ftlaunch.run.supervisor import Supervisor
+from ftlaunch.run.view import find_run
 
 from ..conftest import needs_train_stack
 from ..fake_trainer import configs_seen, install, write_checkpoint, write_config
