@@ -381,6 +381,12 @@ class RunJournal:
             pass  # said in train.log; a notice about the notice would never end
 
     @_best_effort
+    def write(self, fn: Callable[[], Any]) -> Any:
+        """Another module's write into the run folder (numeric health's state and events), under the
+        same rule as the journal's own: it may fail, counted once; the supervisor and trainer go on."""
+        return fn()
+
+    @_best_effort
     def say(self, text: str) -> None:
         """A line of ftlaunch's own in train.log (`ftlaunch logs` shows it), echoed when in the foreground."""
         if self.echo:

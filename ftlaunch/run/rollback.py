@@ -278,8 +278,18 @@ class HealthWatch:
     halt the trainer now) and ``after`` once the trainer has exited (None: not diverged, carry on).
     """
 
-    def __init__(self, run_dir: Path, values: Mapping[str, Any], env: Mapping[str, str], say: Callable[[str], None]):
+    def __init__(
+        self,
+        run_dir: Path,
+        values: Mapping[str, Any],
+        env: Mapping[str, str],
+        say: Callable[[str], None],
+        write: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
+    ):
+        """``write`` carries out each state or event write: the supervisor passes its journal's
+        best-effort one, so a full FTLAUNCH_HOME costs a record, never the verdict or the trainer."""
         self.run_dir = run_dir
+        self.write = write
         self.policy = read_state(run_dir).on_diverge or OnDiverge.ROLLBACK
         self.env = env
         self.say = say
@@ -295,6 +305,9 @@ class HealthWatch:
         self.grad_norms, self.loss_steps, self.merged, self.last_console = [], [], 0, None
         self.known_bad: dict[str, str] = {}  # checkpoints the end-of-run scan ruled out, with why
 
+    def _write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.write(lambda: fn(*args, **kwargs))
+
     def start(self) -> None:
         self.verdict, self.halt = Verdict(), False
         self.fp16 = bool(self.values.get("fp16"))
@@ -305,7 +318,7 @@ class HealthWatch:
         self.loss_steps: list[int | None] = []
         self.merged = 0
         self.known_bad = {}
-        update_state(self.run_dir, health=self.verdict.to_dict())
+        self._write(update_state, self.run_dir, health=self.verdict.to_dict())
 
     def console(self, line: str) -> None:
         """One line of the trainer's output (called from the log pump thread): keep its grad_norms."""
@@ -342,11 +355,17 @@ class HealthWatch:
         """Record a change of health; a new divergence once (event, state, a marker in train.log)."""
         v = self.verdict
         if v.health is not before:
-            update_state(self.run_dir, health=v.to_dict())
+            self._write(update_state, self.run_dir, health=v.to_dict())
         if v.diverged and before is not Health.DIVERGED:
             b = v.first_bad
-            append_event(
-                self.run_dir, "diverged", step=b.step, signal=b.signal.value, values=b.values, policy=self.policy.value
+            self._write(
+                append_event,
+                self.run_dir,
+                "diverged",
+                step=b.step,
+                signal=b.signal.value,
+                values=b.values,
+                policy=self.policy.value,
             )
             # `ftlaunch logs` shows the trainer's console: mark the first bad record there.
             self.say(f"ftlaunch: >>> first bad record: {v.message()} <<<")
@@ -378,7 +397,8 @@ class HealthWatch:
                 self.known_bad = {c.name: c.why for c in bad if c.name != FINAL}
                 first = bad[0]
                 self.verdict = weights_verdict(self.verdict, first.step, first.name, first.why)
-        append_event(
+        self._write(
+            append_event,
             self.run_dir,
             "end_judged",
             healthy=not self.verdict.diverged,
@@ -452,7 +472,7 @@ class HealthWatch:
         moved += [f"{a.name} -> {a.moved_to}" for a in partial]
         listed += [f"{a.name} -> {a.moved_to} (incomplete: {'; '.join(a.problems)})" for a in partial]
         if moved:
-            append_event(self.run_dir, "checkpoint_set_aside", reason="diverged", moved=moved)
+            self._write(append_event, self.run_dir, "checkpoint_set_aside", reason="diverged", moved=moved)
         aside = {name for name, _ in d.set_aside}
         kept = [c.name for c in sorted(cks, key=lambda c: c.step) if c.name not in aside]
         older = [p.name for _, p in checkpoint_dirs(out) if p.name not in kept]  # incomplete ones still there
@@ -471,7 +491,8 @@ class HealthWatch:
             tail += f"; every checkpoint is kept; left in place: {', '.join(kept) or 'none'}"
         d = replace(d, message=f"{d.message}; {tail}")
         if d.action is Response.ROLLBACK:
-            append_event(
+            self._write(
+                append_event,
                 self.run_dir,
                 "rolled_back",
                 resume_from=d.resume_from,
@@ -481,8 +502,12 @@ class HealthWatch:
                 weight_scan_s=round(scanned, 3),
             )
         target = next((s for s, p in complete if p.name == d.resume_from), None)  # set-aside ones are gone
-        update_state(
-            self.run_dir, health=self.verdict.to_dict(), diverged=self.verdict.to_dict(), last_checkpoint=target
+        self._write(
+            update_state,
+            self.run_dir,
+            health=self.verdict.to_dict(),
+            diverged=self.verdict.to_dict(),
+            last_checkpoint=target,
         )
         self.say(f"ftlaunch: {d.message}")
         return d

@@ -178,7 +178,7 @@ class Supervisor:
         attempt = state.attempt
         extra_env = dict(state.trainer_env or {})
         weights_only = bool(values.get("save_only_model"))
-        self.watch = HealthWatch(self.run_dir, values, self.env, self.journal.say)
+        self.watch = HealthWatch(self.run_dir, values, self.env, self.journal.say, self.journal.write)
         out = Path(output_dir)
         visible = {**self.env, **extra_env}.get("CUDA_VISIBLE_DEVICES")
         if state.gpu_count:
