@@ -16,3 +16,17 @@ def flat(text: str) -> str:
 def said(words: str, output: str) -> bool:
     """``words`` appear in ``output``, whatever the console's line wrapping or folding."""
     return flat(words) in flat(output)
+
+
+def wait_for(pred, what: str, timeout: float = 60.0, poll: float = 0.1):
+    """``pred()``'s first truthy value, polled until ``timeout`` seconds (load never decides a test:
+    the limit is generous), else an AssertionError naming ``what`` was awaited."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")

@@ -145,6 +145,32 @@ def _on_diverge(_ctx: click.Context, _param: click.Parameter, value: str | None)
     return None if value is None else OnDiverge(value)
 
 
+def notify_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--notify URL (repeatable), --notify-cmd CMD, --notify-on EVENTS: the supervisor's notifications
+    (ftlaunch.run.notify); the destinations are kept in the run's secrets.json only."""
+    f = click.option(
+        "--notify",
+        "notify_urls",
+        multiple=True,
+        metavar="URL",
+        help="Send the run's events here (repeatable): an http(s) URL gets a JSON POST; json://, slack://, "
+        "mailto://, dingtalk://, ntfy:// ... go through apprise (pip install 'ftlaunch[notify]'). "
+        "FTLAUNCH_NOTIFY adds more. Kept in the run's secrets.json, shown as ***.",
+    )(f)
+    f = click.option(
+        "--notify-cmd",
+        metavar="CMD",
+        help="Run this command on the run's events, the message as JSON on stdin and in FTLAUNCH_* variables.",
+    )(f)
+    f = click.option(
+        "--notify-on",
+        metavar="EVENTS",
+        help="Which events notify, comma-separated [default: all]: started, succeeded, failed, stalled, "
+        "oom_recovered, no_progress, diverged, disk_full, env_changed, stopped.",
+    )(f)
+    return f
+
+
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The plan options, plus the supervisor's: --name, --max-retries, --max-crash-retries, --no-recover,
     --on-diverge, --stall-timeout, --max-stall-restarts."""

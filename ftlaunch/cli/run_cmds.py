@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ftlaunch.cli.follow import FOLLOW_TAIL_LINES, follow_and_exit, follow_log
-from ftlaunch.cli.options import FiniteFloat, env_now, run_options, stderr_is_tty
+from ftlaunch.cli.options import FiniteFloat, env_now, notify_options, run_options, stderr_is_tty
 from ftlaunch.cli.render import console, echo_json, err_console, runs_table, status_table
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def _how_to_watch(run_dir: Path, stop_note: str = "") -> None:
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.argument("overrides", nargs=-1)
 @run_options
+@notify_options
 @click.option("--foreground", is_flag=True, help="Run attached and exit with the run's code (schedulers, containers).")
 @click.option("--follow", "-f", is_flag=True, help="Start detached, then follow the log (Ctrl-C stops following only).")
 @click.option(
@@ -116,10 +117,13 @@ def train(
     from ftlaunch.run.options import RunOptions
     from ftlaunch.run.outdir import Existing
 
+    notify = _notify_spec(kw)
     opts = RunOptions.from_kwargs(kw)
     if slurm:
         if foreground or follow:
             raise click.UsageError("--slurm runs as a batch job: follow it with `ftlaunch logs -f`")
+        if notify or notify.on != notify_all():
+            raise click.UsageError("--notify, --notify-cmd and --notify-on do not go with --slurm yet")
         from ftlaunch.run.slurm.sbatch import SlurmRequest
 
         req = SlurmRequest(
@@ -141,12 +145,40 @@ def train(
         simulate=simulate,
         foreground=foreground,
         echo=not as_json,
-        on_created=lambda run_dir, p: _show_created(run_dir, p, as_json, foreground),
+        on_created=lambda run_dir, p: (_keep_notify(run_dir, notify), _show_created(run_dir, p, as_json, foreground)),
         say=lambda text: err_console.print(text, highlight=False),
     )
     _show_started(started, as_json, foreground)
     if follow:
         follow_and_exit(started.run_dir)
+
+
+def _notify_spec(kw: dict[str, Any]) -> Any:
+    """--notify/--notify-cmd/--notify-on taken out of ``kw``, checked (every bad URL listed, exit 2)."""
+    import importlib.util
+
+    from ftlaunch.run.notify import NotifySpec, parse_on, url_problems
+
+    urls, cmd, on = tuple(kw.pop("notify_urls", ()) or ()), kw.pop("notify_cmd", None), kw.pop("notify_on", None)
+    problems = url_problems(urls, apprise_ok=importlib.util.find_spec("apprise") is not None)
+    if problems:
+        raise click.BadParameter("; ".join(problems), param_hint="--notify")
+    return NotifySpec(urls=urls, cmd=cmd or None, on=parse_on(on))
+
+
+def notify_all() -> frozenset[str]:
+    from ftlaunch.run.notify import EVENTS
+
+    return frozenset(EVENTS)
+
+
+def _keep_notify(run_dir: Path, spec: Any) -> None:
+    """The destinations (and the events chosen) go to the run's secrets.json (0600) before its
+    supervisor starts."""
+    from ftlaunch.run.notify import keep_spec
+
+    if spec or spec.on != notify_all():
+        keep_spec(run_dir, spec)
 
 
 def _show_created(run_dir: Path, p: Plan, as_json: bool, foreground: bool) -> None:

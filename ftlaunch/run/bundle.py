@@ -9,9 +9,9 @@ out. Never in it: secrets.json, the 0600 per-attempt trainer config, checkpoints
 
 Every member is redacted the way the supervisor redacts train.log (``run.trainer.redact``: the values
 of the secret variables in the environment, and every value of the run's secrets.json, notification
-URLs included), plus Hugging Face token shapes and secret-looking keys' values in YAML/JSON lines, so
-a secret a file picked up some other way is masked too. ``members`` is the pure part (bytes in, bytes
-out); ``write_bundle`` reads the folder and writes the archive atomically.
+destinations included), plus Hugging Face token shapes and secret-looking keys' values in YAML/JSON
+lines, so a secret a file picked up some other way is masked too (ftlaunch.run.secrecy). ``members``
+reads the folder into (name, redacted bytes); ``write_bundle`` writes the archive atomically.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import io
 import json
 import os
 import platform
-import re
 import sys
 import tarfile
 import time
@@ -31,10 +30,9 @@ from typing import Any
 
 from ftlaunch import __version__
 from ftlaunch.errors import StateError
-from ftlaunch.plan.config import is_secret_key
 from ftlaunch.run.progress import checkpoint_dirs, last_complete_checkpoint
+from ftlaunch.run.secrecy import scrub, secret_values
 from ftlaunch.run.store import RunFolder, read_events, read_secrets
-from ftlaunch.run.trainer import SECRET_ENV, redact
 
 LOG_TAIL_BYTES = 256 * 1024
 SUPERVISOR_TAIL_BYTES = 64 * 1024
@@ -47,10 +45,6 @@ LEFT_OUT = (
     "checkpoints' weights, optimizer state and training_args.bin (large; pickles may hold tokens)",
 )
 
-_HF_TOKEN = re.compile(rb"\bhf_[A-Za-z0-9]{20,}")
-# `key: value`, `key=value` or `"key": "value"` where the key looks secret (plan.config.is_secret_key)
-_KEY_VALUE = re.compile(rb"""(["']?)([A-Za-z0-9_.-]+)\1(\s*[:=]\s*)(["']?)([^\s"',}]+)\4""")
-
 
 @dataclass(frozen=True)
 class Bundle:
@@ -59,39 +53,6 @@ class Bundle:
     path: Path
     size: int
     members: tuple[str, ...]
-
-
-def secret_values(secrets: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
-    """Every string a bundle must not hold: secrets.json's values (nested lists and objects too) and
-    the secret variables of ``env``; longest first, so a token inside a URL is masked whole."""
-    found: list[str] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, Mapping):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-        elif value is not None and not isinstance(value, bool):
-            found.append(str(value))
-
-    walk(secrets)
-    found += [env[k] for k in SECRET_ENV if env.get(k)]
-    return sorted({v for v in found if len(v) >= 4}, key=len, reverse=True)
-
-
-def scrub(data: bytes, secrets: Iterable[str]) -> bytes:
-    """``data`` with every secret value, token shape and secret key's value replaced by ***."""
-    text = redact(data.decode("utf-8", errors="replace"), {}, secrets).encode()
-    text = _HF_TOKEN.sub(b"***", text)
-
-    def keyed(m: re.Match[bytes]) -> bytes:
-        if not is_secret_key(m.group(2).decode()) or m.group(5) in (b"***", b"null", b"None", b"~"):
-            return m.group(0)
-        return m.group(1) + m.group(2) + m.group(1) + m.group(3) + m.group(4) + b"***" + m.group(4)
-
-    return _KEY_VALUE.sub(keyed, text)
 
 
 def tail(data: bytes, limit: int) -> tuple[bytes, bool]:

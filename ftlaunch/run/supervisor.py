@@ -35,6 +35,7 @@ from ftlaunch.run.disk import DISK_HINT, disk_message, enospc_in, enospc_line, f
 from ftlaunch.run.gpuwait import GpuWait, nvml_probes, wait_gpu_released
 from ftlaunch.run.health import Response
 from ftlaunch.run.journal import OutputLog, RunJournal, quiet_print, quiet_std_streams
+from ftlaunch.run.notify import NOTIFY_KEY, Notifier
 from ftlaunch.run.orphans import refuse_if_alive, runs_of_output_dir
 from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
 from ftlaunch.run.procs import GroupStop, signal_group, start_time
@@ -89,10 +90,13 @@ class Supervisor:
         gpu_probes: Callable[
             [set[int], str | None], tuple[Callable[[], bool], Callable[[], float | None]]
         ] = nvml_probes,
+        notifier: Notifier | None = None,
     ):
         self.run_dir = run_dir
         self.env = dict(env)
         self.journal = RunJournal(run_dir, echo=echo)
+        # Notifications (ftlaunch.run.notify): queued here, delivered by its own thread; never blocks.
+        self.notifier = notifier if notifier is not None else Notifier.for_run(run_dir, self.env)
         self.poll = poll
         self.stop_grace = stop_grace
         self.clock = clock
@@ -143,6 +147,7 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self.notifier.close()  # a moment for the last message; the rest goes on in a detached child
 
     def _run(self) -> int:
         self.journal.settle()  # an end an earlier supervisor could only leave as its last word
@@ -184,6 +189,7 @@ class Supervisor:
         if state.gpu_count:
             self.gpu_baseline_mib = self.gpu_probes(set(), visible)[1]()
         started_here = False
+        started_here_told = False
         while True:
             if started_here and state.gpu_count:
                 self._wait_for_gpu(visible)
@@ -208,6 +214,9 @@ class Supervisor:
             recover_until = prog.furthest_step(dict(read_state(self.run_dir).progress or {}))
             self.journal.attempt_started(attempt, status, budget, values, last[1].name if last else None, moved)
             resumed = last[1].name if last else None
+            if not started_here_told:
+                started_here_told = True
+                self.notifier.event("started", attempt=attempt, resume_from=resumed)
             run_records.mark_attempt(self.run_dir, attempt, resumed, self.journal.unwritten)  # plot: a run's own steps
             self.watch.start()
             rc, log_text, checkpoints, step, stalled, disk_full = self._attempt(
@@ -220,6 +229,7 @@ class Supervisor:
             if health is not None and health.action is Response.ROLLBACK:
                 self._apply(values, health.edits.items(), extra_env, state.gpu_count or 1)
                 write_config(self.run_dir, values, header)
+                self.notifier.event("diverged", message=health.message, rolled_back=True, edits=dict(health.edits))
                 continue
             if health is not None:
                 ex = Exit(FailureKind.DIVERGED, health.message)
@@ -248,6 +258,10 @@ class Supervisor:
                 self._apply(values, ((c.key, c.new) for c in d.changes), extra_env, state.gpu_count or 1)
                 write_config(self.run_dir, values, header)
                 self.journal.retry(attempt, d, ex, values, extra_env)
+                micro = [c for c in d.changes if c.key in ("per_device_train_batch_size", "micro_batch_size")]
+                if micro or ex.kind in (FailureKind.CUDA_OOM, FailureKind.EVAL_OOM, FailureKind.HOST_OOM):
+                    batch = {c.key: f"{c.old} -> {c.new}" for c in d.changes}
+                    self.notifier.event("oom_recovered", attempt=attempt, message=d.message, changes=batch)
                 continue
             ends = d.ends or _ENDS[d.action]
             return self._finish(ends, ex, rc, d.message, values, budget, no_progress=d.no_progress)
@@ -276,6 +290,8 @@ class Supervisor:
     ) -> int:
         code = status.exit_code(trainer_rc=rc)  # the one table (ftlaunch.run.state), as the supervisor exits
         state = self.journal.finished(status, code, ex, message, budget, no_progress)
+        kind = ex.kind.value if ex.kind else None
+        self.notifier.event(status.value, exit_code=code, failure_kind=kind, message=message)
         if state is None:  # the run folder refuses writes: the end is said on stderr (supervisor.log)
             print(f"ftlaunch supervisor: run {self.run_dir.name} {status.value}: {message}", file=sys.stderr)
             return code
@@ -530,6 +546,7 @@ class Supervisor:
         dump = self.stack_dumper(pid, RunFolder(self.run_dir).stacks_of(attempt, stamp))
         self.journal.say(f"ftlaunch: stalled: {description}; stacks: {dump.describe()}; stopping the trainer")
         self.journal.stalled(attempt, description, str(dump.path), dog.to_dict(self.clock(), self.wall()))
+        self.notifier.event("stalled", attempt=attempt, message=description, stacks=str(dump.path))
         return f"{description}; stacks in {dump.path}"
 
     def _dump_stacks(self, pid: int, path: Path) -> StackDump:
@@ -541,7 +558,7 @@ class Supervisor:
 
     def _secrets(self) -> dict[str, Any]:
         """Secret config keys (hub_token, ...): kept out of config.yaml, in a 0600 file of the run."""
-        return read_secrets(self.run_dir)
+        return {k: v for k, v in read_secrets(self.run_dir).items() if k != NOTIFY_KEY}  # never the trainer's
 
     def _trainer_config(self) -> Path:
         """The config the trainer reads: config.yaml, or with secrets that have no environment
@@ -559,7 +576,7 @@ class Supervisor:
         (counted, said later) but never stops reading: a blocked pipe would hang the trainer."""
         if stream is None:
             return
-        secret_values = [str(v) for v in self._secrets().values()]
+        secret_values = [str(v) for v in self._secrets().values()] + self.notifier.secret_values()
         pending = b""
         log = self.journal.output_log()  # appends to train.log; what it cannot write is counted there
         for chunk in iter(lambda: stream.read1(65536), b""):

@@ -27,7 +27,7 @@ from ftlaunch.run.state import RunStatus
 from ftlaunch.run.view import CostView, RunView
 
 from ..fake_trainer import write_config
-from ..helpers import said
+from ..helpers import said, wait_for
 from ..run.test_reliability import fake  # noqa: F401  (the scripted trainer, in-process)
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
@@ -89,16 +89,6 @@ def _screen(sock: str) -> str:
     return _tmux(sock, "capture-pane", "-p", "-t", "watch")
 
 
-def _wait(pred, what: str, timeout: float = 60.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_five_live_runs_whole_at_80_columns_refreshed_in_place_and_q_leaves(tmp_path, fake, isolated_home):  # noqa: F811
     fake({"train": True, "steps": 300, "save_steps": 50, "step_sleep": 0.2})
     ids = []
@@ -123,7 +113,7 @@ def test_five_live_runs_whole_at_80_columns_refreshed_in_place_and_q_leaves(tmp_
                 ok = all(s.count(i) == 2 for i in ids) and len(rows) == 5 and any(c in s for c in SPARK)
                 return s if ok else None
 
-            first = _wait(all_running, "5 running runs on the watch screen")
+            first = wait_for(all_running, "5 running runs on the watch screen")
             lines = first.splitlines()
             assert max(len(x.rstrip()) for x in lines) <= 80
             header = [x for x in lines if re.match(r"^id +status +step +loss +tok/s +ETA$", x.rstrip())]
@@ -150,9 +140,9 @@ def test_five_live_runs_whole_at_80_columns_refreshed_in_place_and_q_leaves(tmp_
             assert "Traceback" not in last and all(i in last for i in ids)  # the last view stays
             # Ctrl-C leaves as well, without a traceback
             _tmux(sock, "respawn-pane", "-k", "-t", "watch", cmd)
-            _wait(lambda: all(i in _screen(sock) for i in ids), "the watch again")
+            wait_for(lambda: all(i in _screen(sock) for i in ids), "the watch again")
             _tmux(sock, "send-keys", "-t", "watch", "C-c")
-            _wait(
+            wait_for(
                 lambda: "Pane is dead" in _screen(sock) or "dead" in _tmux(sock, "list-panes", "-F", "#{pane_dead}"),
                 "exit",
             )

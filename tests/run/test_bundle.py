@@ -12,7 +12,8 @@ import tarfile
 from click.testing import CliRunner
 
 from ftlaunch.cli.main import main
-from ftlaunch.run.bundle import scrub, secret_values, tail
+from ftlaunch.run.bundle import tail
+from ftlaunch.run.secrecy import scrub, secret_values
 from ftlaunch.run.store import RunFolder
 
 from ..fake_trainer import write_config
@@ -35,10 +36,9 @@ def test_scrub_masks_values_token_shapes_and_secret_keys():
     assert "hub_token: ***" in out and '"swanlab_api_key": "***"' in out and "learning_rate: 1e-4" in out
     assert '"loss": 1.5' in out
     # nested secrets (notification URLs) and the secret variables of the environment, longest first
-    vals = secret_values(
-        {"notify": ["json://h/tok-abcdef"], "k": "tok-abcdef"}, {"HF_TOKEN": "hf_x1234", "PATH": "/bin"}
-    )
-    assert vals == ["json://h/tok-abcdef", "tok-abcdef", "hf_x1234"]
+    notify = {"urls": ["json://h/tok-abcdef"], "cmd": "curl -d @- https://x/y", "on": ["failed", "started"]}
+    vals = secret_values({"ftlaunch_notify": notify, "k": "tok-abcdef"}, {"HF_TOKEN": "hf_x1234", "PATH": "/bin"})
+    assert vals == ["curl -d @- https://x/y", "json://h/tok-abcdef", "tok-abcdef", "hf_x1234"]  # no event names
 
 
 def test_a_tail_starts_at_a_line_so_no_half_secret_is_kept():

@@ -1,0 +1,500 @@
+"""Notifications from the supervisor, for every run: what is sent, where, and how it never gets in the way.
+
+Destinations (``NotifySpec``): ``--notify URL`` (repeatable) and ``FTLAUNCH_NOTIFY`` (URLs separated
+by spaces or commas): a plain http(s) URL gets the message as a JSON POST; any other scheme
+(``json://``, ``slack://``, ``mailto://``, ``dingtalk://``, ``ntfy://`` ...) goes through apprise, the
+optional ``notify`` extra (``pip install 'ftlaunch[notify]'``). ``--notify-cmd CMD`` runs a command
+with the message as JSON on stdin and in FTLAUNCH_* variables. ``--notify-on`` picks the events
+(``EVENTS``; default all). The spec is kept in the run's secrets.json (0600) under ``NOTIFY_KEY``,
+never handed to the trainer; a destination is shown only as ``redact_target`` makes it.
+
+``Notifier`` is what the supervisor holds: ``event(name, **details)`` builds the message from the run
+folder (run id and name, config, machine, status, steps, elapsed, last loss and a trend, output_dir,
+last checkpoint; on a failure the cause and the log's last lines; secrets redacted) and queues it. One
+daemon thread delivers it to each destination with a short timeout and a few retries with backoff,
+and records each outcome as a ``notified`` event. Nothing here raises into the supervisor; ``close``
+waits a moment for the queue, then hands what is left to a detached child (``python -m
+ftlaunch.run.notify RUN_DIR``, the jobs on stdin) so a dead destination never delays the run's end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ftlaunch.errors import ConfigError, StateError
+from ftlaunch.files import now_iso
+from ftlaunch.run.secrecy import NOTIFY_KEY, scrub, secret_values
+
+EVENTS = (
+    "started",
+    "succeeded",
+    "failed",
+    "stalled",
+    "oom_recovered",
+    "no_progress",
+    "diverged",
+    "disk_full",
+    "env_changed",
+    "stopped",
+    "lost",
+)
+FAILURE_EVENTS = frozenset({"failed", "stalled", "no_progress", "diverged", "disk_full", "env_changed", "lost"})
+HTTP = ("http://", "https://")
+TIMEOUT_S = 5.0
+RETRIES = 3
+BACKOFF_S = 0.5
+CLOSE_WAIT_S = 0.5
+LOG_LINES = 20
+_SPLIT = re.compile(r"[\s,]+")
+
+
+# ---------------------------------------------------------------- what to send where (pure)
+
+
+@dataclass(frozen=True)
+class NotifySpec:
+    urls: tuple[str, ...] = ()
+    cmd: str | None = None
+    on: frozenset[str] = field(default_factory=lambda: frozenset(EVENTS))
+
+    def __bool__(self) -> bool:
+        return bool(self.urls or self.cmd)
+
+    def destinations(self) -> list[str]:
+        """Each place a message goes: the URLs, then ``cmd:`` + the command."""
+        return [*self.urls, *([f"cmd:{self.cmd}"] if self.cmd else [])]
+
+    def secret_values(self) -> list[str]:
+        """The destinations as text no file, log or message may hold."""
+        return [*self.urls, *([self.cmd] if self.cmd else [])]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"urls": list(self.urls), "cmd": self.cmd, "on": sorted(self.on)}
+
+    @classmethod
+    def from_json(cls, d: Any) -> NotifySpec:
+        if not isinstance(d, Mapping):
+            return cls()
+        on = d.get("on")
+        return cls(
+            urls=tuple(str(u) for u in d.get("urls") or () if u),
+            cmd=str(d["cmd"]) if d.get("cmd") else None,
+            on=frozenset(on) if isinstance(on, list) and on else frozenset(EVENTS),
+        )
+
+    def with_env(self, env: Mapping[str, str]) -> NotifySpec:
+        """Plus FTLAUNCH_NOTIFY's URLs (read when the supervisor starts: schedules and resumes too)."""
+        extra = tuple(u for u in _SPLIT.split(env.get("FTLAUNCH_NOTIFY", "")) if u and u not in self.urls)
+        return NotifySpec(urls=self.urls + extra, cmd=self.cmd, on=self.on) if extra else self
+
+
+def parse_on(text: str | None) -> frozenset[str]:
+    """``--notify-on started,failed``: the events chosen ("all" or nothing: every one)."""
+    words = [w for w in _SPLIT.split(text or "") if w]
+    if not words or words == ["all"]:
+        return frozenset(EVENTS)
+    unknown = sorted(set(words) - set(EVENTS))
+    if unknown:
+        raise ConfigError(
+            f"--notify-on: unknown event(s) {', '.join(unknown)}", hint=f"choose among: {', '.join(EVENTS)}"
+        )
+    return frozenset(words)
+
+
+def url_problems(urls: Iterable[str], apprise_ok: bool) -> list[str]:
+    """Every URL that cannot be sent to, each with why (all listed at once)."""
+    out = []
+    for u in urls:
+        scheme = urllib.parse.urlsplit(u).scheme
+        if not scheme or "://" not in u:
+            out.append(f"{redact_target(u)}: not a URL (scheme://...)")
+        elif not u.startswith(HTTP) and not apprise_ok:
+            out.append(f"{scheme}://***: needs apprise: pip install 'ftlaunch[notify]' (or use an http(s) URL)")
+    return out
+
+
+def redact_target(target: str | None) -> str | None:
+    """A destination as it may be shown: URLs hold tokens (in the path, the query, the user part)."""
+    if not target:
+        return target
+    if target.startswith("cmd:"):
+        words = target[4:].split()
+        return f"command {words[0]} ***" if words else "command ***"
+    if target.startswith(HTTP):
+        u = urllib.parse.urlsplit(target)
+        return f"{u.scheme}://{u.hostname}{f':{u.port}' if u.port else ''}/***"
+    if "://" in target:
+        return f"{target.split('://', 1)[0]}://***"
+    return "***"
+
+
+def title_of(msg: Mapping[str, Any]) -> str:
+    kind = f" ({msg['failure_kind']})" if msg.get("failure_kind") else ""
+    return f"ftlaunch: run {msg.get('name') or msg.get('run_id')} {msg.get('event')}{kind}"
+
+
+def text_of(msg: Mapping[str, Any]) -> str:
+    """The message as plain text (apprise bodies, e-mail)."""
+    lines = [
+        title_of(msg),
+        f"run {msg.get('run_id')} on {msg.get('machine')}; config {msg.get('config')}",
+        f"status {msg.get('status')}, step {msg.get('step')}/{msg.get('total_steps')}, "
+        f"elapsed {msg.get('elapsed_s')} s, loss {msg.get('loss')} {msg.get('loss_trend') or ''}".rstrip(),
+        f"output_dir {msg.get('output_dir')}; last checkpoint {msg.get('last_checkpoint')}",
+    ]
+    if msg.get("message"):
+        lines.append(f"why: {msg['message']}")
+    if msg.get("details"):
+        lines.append("details: " + json.dumps(msg["details"], default=str, ensure_ascii=False))
+    if msg.get("log_tail"):
+        lines += ["last lines of the log:", *msg["log_tail"]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the message (reads the run folder)
+
+
+def message(run_dir: Path, event: str, details: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """What every destination gets: the run as `status` sees it now, and why; secrets redacted."""
+    from ftlaunch.run.live import losses_of, sparkline, tail_lines
+    from ftlaunch.run.store import RunFolder, read_secrets
+    from ftlaunch.run.view import run_view
+
+    folder = RunFolder(run_dir)
+    try:
+        v = run_view(run_dir, env=env)
+    except StateError as exc:
+        v = None
+        why = exc.message
+    losses = losses_of(tail_lines(folder.records, 16 * 1024))
+    msg: dict[str, Any] = {
+        "event": event,
+        "t": now_iso(),
+        "run_id": run_dir.name,
+        "name": v.name if v else None,
+        "config": None,
+        "machine": platform.node(),
+        "status": v.status.value if v else "unreadable",
+        "failure_kind": v.failure_kind.value if v and v.failure_kind else None,
+        "step": v.step if v else None,
+        "total_steps": v.total_steps if v else None,
+        "elapsed_s": v.cost.wall_seconds if v else None,
+        "loss": v.loss if v else None,
+        "loss_trend": sparkline(losses, 10) or None,
+        "recent_losses": [round(x, 4) for x in losses[-10:]],
+        "output_dir": v.output_dir if v else None,
+        "last_checkpoint": v.last_checkpoint if v else None,
+        "message": (v.message if v else why),
+        "details": dict(details),
+    }
+    try:
+        from ftlaunch.run.store import read_state
+
+        msg["config"] = read_state(run_dir).source_config
+    except StateError:
+        pass
+    if event in FAILURE_EVENTS:
+        lines = tail_lines(folder.train_log, 8 * 1024).decode("utf-8", errors="replace").replace("\r", "\n")
+        msg["log_tail"] = [ln for ln in lines.splitlines() if ln.strip()][-LOG_LINES:]
+    secrets = secret_values(read_secrets(run_dir), env)
+    return json.loads(scrub(json.dumps(msg, default=str, ensure_ascii=False).encode(), secrets))
+
+
+# ---------------------------------------------------------------- delivery (one try; never raises)
+
+
+def deliver(target: str, msg: Mapping[str, Any], env: Mapping[str, str], timeout: float = TIMEOUT_S) -> str | None:
+    """Send ``msg`` to one destination once: None when it went, else why not."""
+    try:
+        if target.startswith("cmd:"):
+            return post_or_run(target[4:], msg, env, timeout, extra_env={"FTLAUNCH_EVENT": str(msg.get("event"))})
+        if target.startswith(HTTP):
+            return post_or_run(target, msg, env, timeout)
+        return _apprise(target, msg, timeout)
+    except Exception as exc:  # a notification never fails the run
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _apprise(url: str, msg: Mapping[str, Any], timeout: float) -> str | None:
+    try:
+        import apprise
+    except ImportError:
+        return "apprise is not installed: pip install 'ftlaunch[notify]'"
+    a = apprise.Apprise()
+    sep = "&" if "?" in url else "?"
+    if not a.add(f"{url}{sep}cto={timeout:g}&rto={timeout:g}" if "cto=" not in url else url):
+        return f"apprise does not understand {redact_target(url)}"
+    ok = a.notify(body=text_of(msg), title=title_of(msg))
+    return None if ok else f"apprise could not deliver to {redact_target(url)}"
+
+
+def post_or_run(
+    target: str,
+    data: Mapping[str, Any],
+    env: Mapping[str, str],
+    timeout: float = 10.0,
+    extra_env: Mapping[str, str] | None = None,
+) -> str | None:
+    """POST ``data`` as JSON to an http(s) URL, or run a command with it on stdin and in FTLAUNCH_*
+    variables. None on success, else why it failed. Never raises."""
+    body = json.dumps(data, default=str)
+    try:
+        if target.startswith(HTTP):
+            req = urllib.request.Request(
+                target, data=body.encode(), headers={"Content-Type": "application/json"}, method="POST"
+            )
+            with _opener(target, env).open(req, timeout=timeout) as resp:
+                resp.read(1 << 16)
+            return None
+        child = dict(env)
+        child.update(
+            FTLAUNCH_SUMMARY=body,
+            FTLAUNCH_STATUS=str(data.get("status")),
+            FTLAUNCH_RUN_ID=str(data.get("run_id") or ""),
+            FTLAUNCH_SCHEDULE=str(data.get("schedule")),
+            FTLAUNCH_OUTPUT_DIR=str(data.get("output_dir") or ""),
+            **(extra_env or {}),
+        )
+        r = subprocess.run(
+            ["/bin/sh", "-c", target],
+            input=body,
+            env=child,
+            capture_output=True,
+            text=True,
+            timeout=timeout * 6,
+            start_new_session=True,
+        )
+        if r.returncode != 0:
+            return f"notify command exited {r.returncode}: {r.stderr.strip()[-300:]}"
+        return None
+    except Exception as exc:  # whatever the notifier does, the run's result stands
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _opener(url: str, env: Mapping[str, str]) -> urllib.request.OpenerDirector:
+    """Proxies from ``env`` (not os.environ), never for loopback or no_proxy hosts."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
+    proxies: dict[str, str] = {}
+    if host not in ("localhost", "127.0.0.1", "::1") and not urllib.request.proxy_bypass_environment(
+        host, {"no": no_proxy}
+    ):
+        for scheme in ("http", "https"):
+            value = env.get(f"{scheme}_proxy") or env.get(f"{scheme.upper()}_PROXY")
+            if value:
+                proxies[scheme] = value
+    return urllib.request.build_opener(urllib.request.ProxyHandler(proxies))
+
+
+# ---------------------------------------------------------------- the supervisor's notifier
+
+
+Deliver = Callable[[str, Mapping[str, Any], Mapping[str, str]], str | None]
+
+
+@dataclass
+class _Job:
+    target: int  # index into the spec's destinations
+    msg: dict[str, Any]
+    tries: int = 0
+
+
+def read_spec(run_dir: Path, env: Mapping[str, str]) -> NotifySpec:
+    from ftlaunch.run.store import read_secrets
+
+    return NotifySpec.from_json(read_secrets(run_dir).get(NOTIFY_KEY)).with_env(env)
+
+
+def keep_spec(run_dir: Path, spec: NotifySpec) -> None:
+    """Store a run's destinations in its secrets.json (0600), beside its secret config keys."""
+    from ftlaunch.run.store import read_secrets, write_secrets
+
+    secrets = read_secrets(run_dir)
+    if spec or spec.on != frozenset(EVENTS):  # events chosen for FTLAUNCH_NOTIFY's destinations count too
+        secrets[NOTIFY_KEY] = spec.to_json()
+    else:
+        secrets.pop(NOTIFY_KEY, None)
+    write_secrets(run_dir, secrets)
+
+
+class Notifier:
+    """Queued, threaded delivery for one supervisor. With no destination it does nothing (no thread)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        spec: NotifySpec,
+        env: Mapping[str, str],
+        *,
+        send: Deliver = deliver,
+        retries: int = RETRIES,
+        backoff: float = BACKOFF_S,
+        close_wait: float = CLOSE_WAIT_S,
+        spawn: Callable[..., Any] = subprocess.Popen,
+    ) -> None:
+        self.run_dir = run_dir
+        self.spec = spec
+        self.env = dict(env)
+        self.send = send
+        self.retries = retries
+        self.backoff = backoff
+        self.close_wait = close_wait
+        self.spawn = spawn
+        self.targets = spec.destinations()
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._pending: list[_Job] = []  # queued or being tried: what close() hands on
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_run(cls, run_dir: Path, env: Mapping[str, str], **kw: Any) -> Notifier:
+        try:
+            spec = read_spec(run_dir, env)
+        except Exception:  # an unreadable secrets.json never stops a run
+            spec = NotifySpec()
+        return cls(run_dir, spec, env, **kw)
+
+    def secret_values(self) -> list[str]:
+        """The destinations, as text a log must not hold (train.log is redacted of them too)."""
+        return self.spec.secret_values()
+
+    def event(self, name: str, **details: Any) -> None:
+        """Queue ``name`` for every destination when the user chose it. Never raises, never blocks."""
+        if not self.targets or name not in self.spec.on:
+            return
+        try:
+            msg = message(self.run_dir, name, details, self.env)
+        except Exception as exc:  # the message is best effort too: a bare one rather than none
+            msg = {"event": name, "run_id": self.run_dir.name, "t": now_iso(), "error": f"{type(exc).__name__}"}
+        msg["seen_at"] = time.time()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="ftlaunch-notify", daemon=True)
+            self._thread.start()
+        for i in range(len(self.targets)):
+            job = _Job(i, msg)
+            with self._lock:
+                self._pending.append(job)
+            self._queue.put(job)
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            self.attempt(job, queued=True)
+
+    def _owns(self, job: _Job) -> bool:
+        """Still this thread's job: ``close`` hands what is left to the detached child."""
+        with self._lock:
+            return job in self._pending
+
+    def attempt(self, job: _Job, queued: bool = False) -> bool:
+        """Try one job, retrying with backoff; record the outcome as a `notified` event. A ``queued``
+        job that ``close`` handed on meanwhile is left to the child (no second try, no second record)."""
+        err: str | None = "not tried"
+        while job.tries < self.retries:
+            if job.tries:
+                time.sleep(self.backoff * 2 ** (job.tries - 1))
+            if queued and not self._owns(job):
+                return False
+            job.tries += 1
+            err = self.send(self.targets[job.target], job.msg, self.env)
+            if err is None:
+                break
+        if queued:
+            with self._lock:
+                if job not in self._pending:
+                    return err is None  # handed on while it was tried: the child records it
+                self._pending.remove(job)
+        self._record(job, err)
+        return err is None
+
+    def _record(self, job: _Job, err: str | None) -> None:
+        from ftlaunch.run.store import append_event
+
+        target = self.targets[job.target]
+        latency = round(time.time() - float(job.msg.get("seen_at") or time.time()), 3)
+        try:
+            append_event(
+                self.run_dir,
+                "notified",
+                notice=job.msg.get("event"),
+                target=redact_target(target),
+                ok=err is None,
+                tries=job.tries,
+                latency_s=latency,
+                **({"error": _scrubbed(err, self.targets)} if err else {}),
+            )
+        except OSError:
+            pass  # a full run folder: the delivery still happened (or not); nothing to add
+
+    def close(self) -> None:
+        """Wait up to ``close_wait`` for the queue; hand what is left to a detached child."""
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join(self.close_wait)
+        with self._lock:
+            left = list(self._pending)
+            self._pending.clear()
+        if not left:
+            return
+        jobs = [{"target": j.target, "tries": j.tries, "msg": j.msg} for j in left]
+        try:
+            child = self.spawn(
+                [sys.executable, "-m", "ftlaunch.run.notify", str(self.run_dir)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,
+            )
+            child.stdin.write(json.dumps(jobs).encode())
+            child.stdin.close()
+        except Exception:
+            pass  # nothing more to do for them: the run's end stands
+
+
+def _scrubbed(err: str, targets: Iterable[str]) -> str:
+    """An error message never repeats a destination (urllib and apprise errors may quote the URL)."""
+    for t in sorted(targets, key=len, reverse=True):
+        body = t[4:] if t.startswith("cmd:") else t
+        if len(body) >= 4:
+            err = err.replace(body, redact_target(t) or "***")
+    return err
+
+
+def _finish_jobs(run_dir: Path, env: Mapping[str, str], jobs: list[Mapping[str, Any]]) -> None:
+    """The detached child: the supervisor's leftover jobs, each retried to the end of its budget."""
+    n = Notifier.for_run(run_dir, env)
+    for j in jobs:
+        if 0 <= int(j["target"]) < len(n.targets):
+            n.attempt(_Job(int(j["target"]), dict(j["msg"]), tries=max(0, min(int(j.get("tries", 0)), RETRIES - 1))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        jobs = json.loads(sys.stdin.read() or "[]")
+    except ValueError:
+        return 2
+    _finish_jobs(Path(args[0]), dict(os.environ), jobs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
