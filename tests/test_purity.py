@@ -11,9 +11,9 @@ stays in plan/.
 run/ is mostly shells (processes, the run folder, the clock), but its decisions over data are held to
 the same rules: the modules RUN_PURE lists (the run's values and their exit-code and failure-kind
 tables, the classification of an exit and what to do next, the stall and health verdicts, the
-accounting, reading progress out of the trainer's records). They import from ftlaunch.run only each
-other, so no decision reads the world through a shell it calls. What one of them may still do is
-declared in RUN_EXCEPTIONS, one line each, with why.
+accounting, reading progress out of the trainer's records, what `status` shows of a state). They
+import from ftlaunch.run only each other, so no decision reads the world through a shell it calls.
+What one of them may still do is declared in RUN_EXCEPTIONS, one line each, with why.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ RUN_PURE = {
     "health.py": "numeric health: a verdict folded over trainer records, the remedy ladder, roll back or stop",
     "accounting.py": "a run's attempts, rates and GPU-hours, from its events and trainer records",
     "progress.py": "progress from trainer_log.jsonl text: the step, the resume point, the furthest step, the rate",
+    "runview.py": "what `status` and `runs` show, from a state and what the shell saw: the status now, ETA, message",
 }
 
 # (module, what the check finds in it) -> why it stays. An exception no longer found is an error too.
@@ -53,6 +54,8 @@ RUN_EXCEPTIONS = {
     ("progress.py", "open("): "checkpoint completeness (checkpoint_problems) reads a safetensors header; "
     "it belongs with the checkpoint shell (run/checkpoints.py), still to be moved",
     ("progress.py", ".read_text("): "checkpoint completeness reads trainer_state.json and the shard index (as above)",
+    ("runview.py", "imports ftlaunch.run.procs"): "Liveness, the verdict enum procs owns: a value the view "
+    "shows, no call into procs",
     ("progress.py", "imports ftlaunch.run.store"): "store.json_lines, the one JSON-lines parser (bytes in, "
     "records out: pure), which the store owns because it reads events.jsonl with it",
 }
