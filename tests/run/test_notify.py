@@ -206,3 +206,23 @@ def test_a_dead_destination_adds_under_a_second_and_is_retried(tmp_path, fake, i
     got = wait_for(failed_deliveries, "both deliveries given up (the detached child retries the last)")
     assert all(not e["ok"] and e["tries"] == nt.RETRIES and "Connection refused" in e["error"] for e in got)
     assert {e["notice"] for e in got} == {"started", "succeeded"}
+
+
+def test_a_stall_says_where_the_stacks_are_and_the_end_says_stalled(tmp_path, hook):
+    """The real supervisor, a scripted trainer that hangs at step 2 every time (stall budget 1)."""
+    from ftlaunch.run.state import Budget
+    from ftlaunch.run.store import update_state
+    from ftlaunch.run.supervisor import Supervisor
+
+    from .test_recovery import make_run
+
+    run_dir, env = make_run(tmp_path, [{"train": True, "steps": 12, "save_steps": 4, "hang_at": 2}])
+    update_state(run_dir, stall_timeout=1.0, budget=Budget(stall_max=1, crash_max=1))
+    nt.keep_spec(run_dir, NotifySpec(urls=(f"http://127.0.0.1:{hook.port}/s",), on=frozenset({"stalled"})))
+    assert Supervisor(run_dir, env, poll=0.05, stop_grace=2).run() == 15
+    wait_for(lambda: len(hook.got) == 3, "2 stalls and the end")
+    stalls, end = [m for _, _, m in hook.got[:2]], hook.got[2][2]
+    for m in stalls:
+        assert Path(m["details"]["stacks"]).parent == run_dir / "stacks" and "after step 2" in m["details"]["message"]
+        assert any("hanging" in ln for ln in m["log_tail"])
+    assert (end["event"], end["status"], end["details"]["exit_code"]) == ("stalled", "stalled", 15)
