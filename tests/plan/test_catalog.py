@@ -3,8 +3,6 @@ every card has every field, and each reader sees the row's own figures."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pytest
 
 from ftlaunch.estimate.throughput import peak_tflops
@@ -16,7 +14,7 @@ OPTIONAL = {"note"}  # said only where a figure is not the vendor's
 
 def field_problems(card: Card) -> list[str]:
     """What a catalog row lacks or holds wrong, one line per field."""
-    out = [f"{f.name} is missing" for f in fields(card) if f.name not in OPTIONAL and getattr(card, f.name) is None]
+    out = [f"{name} is missing" for name in Card._fields if name not in OPTIONAL and getattr(card, name) is None]
     if not card.nvml_names or not all(isinstance(n, str) and n.strip() for n in card.nvml_names):
         out.append(f"nvml_names must name the card as NVML does, got {card.nvml_names!r}")
     if not (isinstance(card.memory_mib, int) and card.memory_mib > 0):
