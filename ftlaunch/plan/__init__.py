@@ -1,7 +1,8 @@
 """ftlaunch.plan: the pure planning core (floor 1, just above the ground).
 
-Owns what a plan is and how it is made: reading and validating LLaMA-Factory configs (config),
-what a machine has (hardware: values, the catalog, parsers; the probe is in ftlaunch.probe), how a
+Owns what a plan is and how it is made: reading and validating LLaMA-Factory configs (config,
+against the key schema config and v1 share: keyschema), what a machine has (hardware: values,
+catalog machines, parsers; the probe is in ftlaunch.probe; the GPU catalog itself: catalog), how a
 value reads as a flag (flags), a model's exact shape (modelspec),
 the GPU-memory model, micro-batch chooser, memory store and simulator (memory/), the one
 ``Change`` type (change), the one ZeRO-3 offload rule (offload), the batch arithmetic (batch), the

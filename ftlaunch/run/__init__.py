@@ -6,7 +6,8 @@ run (prepare), claiming the output_dir (outdir), the one launch use case (launch
 `train` and `schedule run`; launch.supervise, used by `resume` too), the supervisor and its
 decisions (supervisor, recovery, health, rollback), what the supervisor records (journal), reading
 what the trainer writes (progress; tail: new lines of a growing log; checkpoints: the checkpoint
-watch), run accounting (accounting: attempts, rates, GPU-hours), the status view (view),
+watch), run accounting (accounting: attempts, rates, GPU-hours), the status view (runview: what it
+shows, decided purely; view: the shell that looks, and find_run),
 stop/resume/edit (control), processes (procs), the trainer's command line (trainer) and Slurm (slurm/).
 
 May import: the ground, ftlaunch.plan and ftlaunch.hub. Never estimate/, schedule/ or cli/.
