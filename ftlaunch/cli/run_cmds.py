@@ -166,6 +166,17 @@ def _notify_spec(kw: dict[str, Any]) -> Any:
     return NotifySpec(urls=urls, cmd=cmd or None, on=parse_on(on))
 
 
+def _notice_lost(views: list[Any]) -> None:
+    """A run found lost (its supervisor dead without an end) tells its notification destinations,
+    once per dead supervisor, from a detached child: this command never waits for it."""
+    lost = [v for v in views if v.status.value == "lost"]
+    if lost:
+        from ftlaunch.run.notify import notice_lost
+
+        for v in lost:
+            notice_lost(Path(v.run_dir), env_now(), v.pid)
+
+
 def notify_all() -> frozenset[str]:
     from ftlaunch.run.notify import EVENTS
 
@@ -261,6 +272,7 @@ def runs(as_json: bool, watch: bool, interval: float) -> None:
     from ftlaunch.run.view import all_runs
 
     rows = all_runs(env_now())
+    _notice_lost(rows)
     if as_json:
         echo_json([r.to_json() for r in rows])
         return
@@ -281,6 +293,7 @@ def status(run: str | None, as_json: bool) -> None:
     from ftlaunch.run.view import find_run, run_view
 
     view = run_view(find_run(env_now(), run))
+    _notice_lost([view])
     if as_json:
         echo_json(view.to_json())
     else:

@@ -104,13 +104,27 @@ def watch_runs(
     try:
         with Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False) as live:
             while True:
-                live.update(fitted_view(console, rows(env)), refresh=True)
+                found = rows(env)
+                _notice_lost(env, found)
+                live.update(fitted_view(console, found), refresh=True)
                 if _quit_pressed(fd, interval):
                     break
     except KeyboardInterrupt:
         pass
     finally:
         _restore(fd, saved)
+
+
+def _notice_lost(env: Mapping[str, str], rows: list[LiveRow]) -> None:
+    """As `status` does: a lost run's destinations are told once (ftlaunch.run.notify.notice_lost)."""
+    lost = [r.view for r in rows if r.view.status.value == "lost"]
+    if lost:
+        from pathlib import Path
+
+        from ftlaunch.run.notify import notice_lost
+
+        for v in lost:
+            notice_lost(Path(v.run_dir), env, v.pid)
 
 
 def _fileno(stream: IO[str]) -> int | None:

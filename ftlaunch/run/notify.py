@@ -455,18 +455,47 @@ class Notifier:
             return
         jobs = [{"target": j.target, "tries": j.tries, "msg": j.msg} for j in left]
         try:
-            child = self.spawn(
-                [sys.executable, "-m", "ftlaunch.run.notify", str(self.run_dir)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=self.env,
-                start_new_session=True,
-            )
-            child.stdin.write(json.dumps(jobs).encode())
-            child.stdin.close()
+            hand_on(self.run_dir, self.env, jobs, self.spawn)
         except Exception:
             pass  # nothing more to do for them: the run's end stands
+
+
+def notice_lost(
+    run_dir: Path, env: Mapping[str, str], pid: int | None, spawn: Callable[..., Any] = subprocess.Popen
+) -> bool:
+    """A run found lost by a command (its supervisor, pid ``pid``, died without an end): tell its
+    destinations once per dead supervisor, through the detached child (the command never waits).
+    True when a notice went out now."""
+    from ftlaunch.run.store import append_event, read_events
+
+    try:
+        spec = read_spec(run_dir, env)
+        if not spec or "lost" not in spec.on:
+            return False
+        if any(e["event"] == "lost_noticed" and e.get("pid") == pid for e in read_events(run_dir)):
+            return False
+        append_event(run_dir, "lost_noticed", pid=pid)
+        msg = message(run_dir, "lost", {"supervisor_pid": pid}, env)
+        msg["seen_at"] = time.time()
+        hand_on(run_dir, env, [{"target": i, "tries": 0, "msg": msg} for i in range(len(spec.destinations()))], spawn)
+        return True
+    except Exception:  # a notice is never worth a failed `status`
+        return False
+
+
+def hand_on(run_dir: Path, env: Mapping[str, str], jobs: list[dict[str, Any]], spawn: Callable[..., Any]) -> None:
+    """Deliveries for a detached child (``python -m ftlaunch.run.notify RUN_DIR``, the jobs on stdin):
+    it reads the destinations from the run's secrets.json, so they never pass through a command line."""
+    child = spawn(
+        [sys.executable, "-m", "ftlaunch.run.notify", str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(env),
+        start_new_session=True,
+    )
+    child.stdin.write(json.dumps(jobs).encode())
+    child.stdin.close()
 
 
 def _scrubbed(err: str, targets: Iterable[str]) -> str:

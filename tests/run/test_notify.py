@@ -226,3 +226,33 @@ def test_a_stall_says_where_the_stacks_are_and_the_end_says_stalled(tmp_path, ho
         assert Path(m["details"]["stacks"]).parent == run_dir / "stacks" and "after step 2" in m["details"]["message"]
         assert any("hanging" in ln for ln in m["log_tail"])
     assert (end["event"], end["status"], end["details"]["exit_code"]) == ("stalled", "stalled", 15)
+
+
+def test_a_kill_9_of_the_supervisor_is_told_once_by_the_next_status(tmp_path, fake, isolated_home, hook):  # noqa: F811
+    import os
+    import signal
+
+    import psutil
+
+    from ftlaunch.run.store import read_state
+
+    fake({"train": True, "steps": 300, "save_steps": 50, "step_sleep": 0.2})
+    url = f"http://127.0.0.1:{hook.port}/lost"
+    r = cli("train", str(write_config(tmp_path)), "--gpu", "A10G", "--json", "--notify", url, "--notify-on", "lost")
+    assert r.exit_code == 0, r.output
+    run_id = json.loads(r.stdout)["id"]
+    run_dir = isolated_home / "runs" / run_id
+    try:
+        pid = wait_for(lambda: read_state(run_dir).status.value == "running" and read_state(run_dir).pid, "running")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, "gone")
+        assert "lost" in cli("status", run_id).output
+        assert "lost" in cli("runs").output
+        wait_for(lambda: hook.got, "the lost notice")
+        time.sleep(0.5)
+        assert hook.events() == ["lost"]  # once, however many commands found it
+        m = hook.got[0][2]
+        assert m["status"] == "lost" and m["details"]["supervisor_pid"] == pid and m["run_id"] == run_id
+        assert "resume" in (m["message"] or "")
+    finally:
+        cli("stop", run_id, "--grace", "5")
