@@ -71,6 +71,7 @@ def test_the_bundle_of_a_failed_run_holds_what_a_report_needs_and_no_secret(tmp_
         members = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     assert all(m.name.startswith(f"ftlaunch-bundle-{run_dir.name}/") for m in tarfile.open(out).getmembers())
 
+    print(f"\nbundle of a failed scripted run: {out.stat().st_size:,} bytes, {len(members)} members")
     leaks = {name for name, data in members.items() for s in (env_token, yaml_token, key) if s.encode() in data}
     assert leaks == set()
     assert "secrets.json" not in members and ".trainer-config.yaml" not in members
