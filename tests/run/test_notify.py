@@ -256,3 +256,26 @@ def test_a_kill_9_of_the_supervisor_is_told_once_by_the_next_status(tmp_path, fa
         assert "resume" in (m["message"] or "")
     finally:
         cli("stop", run_id, "--grace", "5")
+
+
+def test_plan_status_runs_and_an_http_notify_never_import_apprise(tmp_path, isolated_home):
+    """An `apprise` that stops the interpreter when imported, first on the path: it is never loaded."""
+    import os
+    import subprocess
+    import sys
+
+    trap = tmp_path / "trap"
+    trap.mkdir()
+    (trap / "apprise.py").write_text("raise SystemExit('apprise was imported')\n")
+    env = {**os.environ, "PYTHONPATH": str(trap)}
+    cfg = str(write_config(tmp_path))
+
+    def py(*args: str) -> str:
+        r = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=120)
+        return r.stdout + r.stderr
+
+    assert "apprise was imported" in py("-c", "import apprise")  # the trap works
+    for args in (["plan", cfg, "--gpu", "A10G"], ["runs"], ["runs", "--json"], ["status"], ["bundle", "--help"]):
+        assert "apprise was imported" not in py("-m", "ftlaunch", *args), args
+    probe = "import ftlaunch.run.notify as n, sys; n.url_problems(['https://x'], True); print('apprise' in sys.modules)"
+    assert py("-c", probe).strip() == "False"
