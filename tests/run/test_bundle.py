@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
 import tarfile
 
+import pytest
 from click.testing import CliRunner
 
 from ftlaunch.cli.main import main
@@ -16,8 +18,9 @@ from ftlaunch.run.bundle import tail
 from ftlaunch.run.secrecy import scrub, secret_values
 from ftlaunch.run.store import RunFolder
 
+from ..conftest import child_env, tiny_config, venv_bin, write_yaml
 from ..fake_trainer import write_config
-from ..helpers import said
+from ..helpers import said, wait_for
 from .test_reliability import fake  # noqa: F401  (the scripted trainer, in-process)
 
 
@@ -92,3 +95,49 @@ def test_the_bundle_of_a_failed_run_holds_what_a_report_needs_and_no_secret(tmp_
     r = cli("bundle")
     assert r.exit_code == 0, r.output
     assert (tmp_path / f"ftlaunch-bundle-{run_dir.name}.tar.gz").is_file()
+
+
+@pytest.mark.e2e
+def test_e2e_the_tiny_models_real_run_notifies_a_local_webhook_and_bundles_no_secret(tiny, tmp_path, isolated_home):
+    """llamafactory-cli for real: HF_TOKEN in the environment, hub_token in the YAML, a webhook with a
+    token in its path; the bundle holds the real checkpoint's trainer_state.json and none of the three."""
+    from .test_notify import Hook
+
+    env_token, yaml_token, hook_token = (f"{p}{secrets.token_hex(12)}" for p in ("hf_", "hfy_", "wh_"))
+    hook = Hook()
+    try:
+        out = tmp_path / "out"
+        cfg = write_yaml(tmp_path / "tiny.yaml", tiny_config(tiny, out, hub_token=yaml_token))
+        url = f"http://127.0.0.1:{hook.port}/{hook_token}"
+        r = subprocess.run(
+            [str(venv_bin() / "ftlaunch"), "train", str(cfg), "--foreground", "--notify", url],
+            env=child_env(HF_TOKEN=env_token),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_for(lambda: "succeeded" in hook.events(), "the succeeded message")
+        assert hook.events() == ["started", "succeeded"]
+        done = hook.got[-1][2]
+        assert done["step"] == done["total_steps"] > 0 and isinstance(done["loss"], float) and done["loss_trend"]
+        bundle = tmp_path / "b.tar.gz"
+        b = subprocess.run(
+            [str(venv_bin() / "ftlaunch"), "bundle", "-o", str(bundle)],
+            env=child_env(HF_TOKEN=env_token),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert b.returncode == 0, b.stderr
+        with tarfile.open(bundle) as tar:
+            members = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        print(f"\nbundle of a real tiny-model run: {bundle.stat().st_size:,} bytes, {len(members)} members")
+        for s in (env_token, yaml_token, hook_token):
+            assert not [n for n, data in members.items() if s.encode() in data], s
+            assert s not in r.stdout + r.stderr + b.stdout + b.stderr
+        state = json.loads(next(v for k, v in members.items() if k.endswith("/trainer_state.json")))
+        assert state["global_step"] > 0 and state["log_history"]
+        assert json.loads(members["summary.json"])["failure"]["status"] == "succeeded"
+    finally:
+        hook.close()
