@@ -365,17 +365,20 @@ def stop(run: str | None, grace: float) -> None:
     is_flag=True,
     help="Resume from the checkpoint although torch/transformers/llamafactory/peft/... changed since (else exit 18).",
 )
+@notify_options
 def resume(
     args: tuple[str, ...],
     foreground: bool,
     follow: bool | None,
     allow_global_batch_change: bool,
     allow_env_change: bool,
+    **notify_kw: Any,
 ) -> None:
     """Re-attach to RUN if alive (follow its log); else restart it from its last complete checkpoint.
 
     A Slurm run is never trained where `resume` is typed: while Slurm holds its job nothing is done
     (the job resumes when it runs); else its job.sbatch is submitted again (sbatch).
+    --notify/--notify-cmd/--notify-on replace the run's notification settings from this start on.
 
     ARGS: [RUN] [key=value ...]. Overrides change the run's adapted config before it restarts
     (a run that gave up, resumed by hand after a change); the global batch should stay the same.
@@ -395,6 +398,11 @@ def resume(
     if len(runs) > 1:
         raise click.UsageError(f"one RUN at most, got {', '.join(runs)}")
     run_dir = find_run(env_now(), runs[0] if runs else None)
+    notify = _notify_spec(notify_kw)
+    if notify or notify.on != notify_all():
+        from ftlaunch.run.notify import keep_spec
+
+        keep_spec(run_dir, notify)  # read by the supervisor this resume starts (a live one keeps its own)
     if overrides:
         for key, before, after, note in preview_run_edit(run_dir, overrides):
             err_console.print(f"  {key}: {before} -> {after}{f'  ({note})' if note else ''}", highlight=False)

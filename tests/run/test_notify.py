@@ -279,3 +279,15 @@ def test_plan_status_runs_and_an_http_notify_never_import_apprise(tmp_path, isol
         assert "apprise was imported" not in py("-m", "ftlaunch", *args), args
     probe = "import ftlaunch.run.notify as n, sys; n.url_problems(['https://x'], True); print('apprise' in sys.modules)"
     assert py("-c", probe).strip() == "False"
+
+
+def test_resume_with_notify_tells_the_new_destination(tmp_path, fake, isolated_home, hook):  # noqa: F811
+    fake({"config_error": "unknown key: bogus_key"}, {"ok": True, "steps": 4})
+    r = cli("train", str(write_config(tmp_path)), "--gpu", "A10G", "--foreground")
+    assert r.exit_code != 0 and not hook.got
+    url = f"http://127.0.0.1:{hook.port}/resumed"
+    r = cli("resume", "--foreground", "--notify", url, "--notify-on", "started,succeeded")
+    assert r.exit_code == 0, r.output
+    wait_for(lambda: "succeeded" in hook.events(), "succeeded")
+    assert hook.events() == ["started", "succeeded"] and hook.got[0][2]["details"]["attempt"] == 2
+    assert url not in r.output
