@@ -8,11 +8,11 @@ with the message as JSON on stdin and in FTLAUNCH_* variables. ``--notify-on`` p
 (``EVENTS``; default all). The spec is kept in the run's secrets.json (0600) under ``NOTIFY_KEY``,
 never handed to the trainer; a destination is shown only as ``redact_target`` makes it.
 
-``Notifier`` is what the supervisor holds: ``event(name, **details)`` builds the message from the run
-folder (run id and name, config, machine, status, steps, elapsed, last loss and a trend, output_dir,
-last checkpoint; on a failure the cause and the log's last lines; secrets redacted) and queues it. One
-daemon thread delivers it to each destination with a short timeout and a few retries with backoff,
-and records each outcome as a ``notified`` event. Nothing here raises into the supervisor; ``close``
+``Notifier`` is what the supervisor holds: ``event(name, **details)`` only queues. One daemon thread
+builds the message from the run folder (run id and name, config, machine, status, steps, elapsed,
+last loss and a trend, output_dir, last checkpoint; on a failure the cause and the log's last lines;
+secrets redacted), delivers it to each destination with a short timeout and a few retries with
+backoff, and records each outcome as a ``notified`` event. Nothing here raises into the supervisor; ``close``
 waits a moment for the queue, then hands what is left to a detached child (``python -m
 ftlaunch.run.notify RUN_DIR``, the jobs on stdin) so a dead destination never delays the run's end.
 """
@@ -306,11 +306,20 @@ def _opener(url: str, env: Mapping[str, str]) -> urllib.request.OpenerDirector:
 Deliver = Callable[[str, Mapping[str, Any], Mapping[str, str]], str | None]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
     target: int  # index into the spec's destinations
     msg: dict[str, Any]
     tries: int = 0
+
+
+@dataclass(eq=False)
+class _Event:
+    """An event the supervisor saw, its message not built yet (the delivery thread builds it)."""
+
+    name: str
+    details: dict[str, Any]
+    seen_at: float
 
 
 def read_spec(run_dir: Path, env: Mapping[str, str]) -> NotifySpec:
@@ -355,8 +364,8 @@ class Notifier:
         self.close_wait = close_wait
         self.spawn = spawn
         self.targets = spec.destinations()
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._pending: list[_Job] = []  # queued or being tried: what close() hands on
+        self._queue: queue.Queue[_Event | None] = queue.Queue()
+        self._pending: list[_Job | _Event] = []  # not delivered yet: what close() hands on
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -373,29 +382,40 @@ class Notifier:
         return self.spec.secret_values()
 
     def event(self, name: str, **details: Any) -> None:
-        """Queue ``name`` for every destination when the user chose it. Never raises, never blocks."""
+        """Queue ``name`` for every destination when the user chose it. Never raises, never blocks: the
+        message is built (run folder reads) by the delivery thread."""
         if not self.targets or name not in self.spec.on:
             return
-        try:
-            msg = message(self.run_dir, name, details, self.env)
-        except Exception as exc:  # the message is best effort too: a bare one rather than none
-            msg = {"event": name, "run_id": self.run_dir.name, "t": now_iso(), "error": f"{type(exc).__name__}"}
-        msg["seen_at"] = time.time()
+        ev = _Event(name, dict(details), time.time())
+        with self._lock:
+            self._pending.append(ev)
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="ftlaunch-notify", daemon=True)
             self._thread.start()
-        for i in range(len(self.targets)):
-            job = _Job(i, msg)
-            with self._lock:
-                self._pending.append(job)
-            self._queue.put(job)
+        self._queue.put(ev)
+
+    def build(self, ev: _Event) -> dict[str, Any]:
+        try:
+            msg = message(self.run_dir, ev.name, ev.details, self.env)
+        except Exception as exc:  # the message is best effort too: a bare one rather than none
+            msg = {"event": ev.name, "run_id": self.run_dir.name, "t": now_iso(), "error": f"{type(exc).__name__}"}
+        msg["seen_at"] = ev.seen_at
+        return msg
 
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
+            ev = self._queue.get()
+            if ev is None:
                 return
-            self.attempt(job, queued=True)
+            msg = self.build(ev)
+            jobs = [_Job(i, msg) for i in range(len(self.targets))]
+            with self._lock:
+                if ev not in self._pending:
+                    continue  # handed on while it was built: the child builds and sends it
+                self._pending.remove(ev)
+                self._pending.extend(jobs)
+            for job in jobs:
+                self.attempt(job, queued=True)
 
     def _owns(self, job: _Job) -> bool:
         """Still this thread's job: ``close`` hands what is left to the detached child."""
@@ -453,7 +473,12 @@ class Notifier:
             self._pending.clear()
         if not left:
             return
-        jobs = [{"target": j.target, "tries": j.tries, "msg": j.msg} for j in left]
+        jobs = [
+            {"target": j.target, "tries": j.tries, "msg": j.msg}
+            if isinstance(j, _Job)
+            else {"event": j.name, "details": j.details, "seen_at": j.seen_at}
+            for j in left
+        ]
         try:
             hand_on(self.run_dir, self.env, jobs, self.spawn)
         except Exception:
@@ -511,7 +536,11 @@ def _finish_jobs(run_dir: Path, env: Mapping[str, str], jobs: list[Mapping[str, 
     """The detached child: the supervisor's leftover jobs, each retried to the end of its budget."""
     n = Notifier.for_run(run_dir, env)
     for j in jobs:
-        if 0 <= int(j["target"]) < len(n.targets):
+        if "event" in j:  # seen, never built: built now, for every destination
+            msg = n.build(_Event(str(j["event"]), dict(j.get("details") or {}), float(j.get("seen_at") or time.time())))
+            for i in range(len(n.targets)):
+                n.attempt(_Job(i, msg))
+        elif 0 <= int(j["target"]) < len(n.targets):
             n.attempt(_Job(int(j["target"]), dict(j["msg"]), tries=max(0, min(int(j.get("tries", 0)), RETRIES - 1))))
 
 
