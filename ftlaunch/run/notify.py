@@ -211,7 +211,10 @@ def message(run_dir: Path, event: str, details: Mapping[str, Any], env: Mapping[
         lines = tail_lines(folder.train_log, 8 * 1024).decode("utf-8", errors="replace").replace("\r", "\n")
         msg["log_tail"] = [ln for ln in lines.splitlines() if ln.strip()][-LOG_LINES:]
     secrets = secret_values(read_secrets(run_dir), env)
-    return json.loads(scrub(json.dumps(msg, default=str, ensure_ascii=False).encode(), secrets))
+    clean = json.loads(scrub(json.dumps(msg, default=str, ensure_ascii=False).encode(), secrets))
+    # Slack, Mattermost and Rocket.Chat incoming webhooks read "text": a plain https URL of theirs works too.
+    clean["title"], clean["text"] = title_of(clean), text_of(clean)
+    return clean
 
 
 # ---------------------------------------------------------------- delivery (one try; never raises)

@@ -129,6 +129,7 @@ def test_an_oom_recovery_and_success_reach_a_local_webhook_and_a_command_with_no
     assert done["output_dir"] == str(tmp_path / "out") and done["config"] == str(cfg) and done["machine"]
     assert by["oom_recovered"]["details"]["changes"]["per_device_train_batch_size"] == "2 -> 1"
     assert "log_tail" not in done
+    assert done["text"].startswith("ftlaunch: run out succeeded\n") and "step 4/4" in done["text"]  # Slack's shape
     latencies = [arrived - m["seen_at"] for arrived, _, m in hook.got]
     print(f"\nnotification latency (supervisor saw it -> the webhook had it): max {max(latencies) * 1000:.0f} ms")
     assert max(latencies) < 5
