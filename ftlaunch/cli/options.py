@@ -166,7 +166,7 @@ def notify_options(f: Callable[..., Any]) -> Callable[..., Any]:
         "--notify-on",
         metavar="EVENTS",
         help="Which events notify, comma-separated [default: all]: started, succeeded, failed, stalled, "
-        "oom_recovered, no_progress, diverged, disk_full, env_changed, stopped.",
+        "oom_recovered, no_progress, diverged, disk_full, env_changed, stopped, lost.",
     )(f)
     return f
 
