@@ -53,6 +53,16 @@ def schedule_group() -> None:
     help="Skip when config and dataset files are unchanged since the last success.",
 )
 @click.option("--notify", help="On success and failure: POST a JSON summary to this URL, or run this command.")
+@click.option(
+    "--notify-cmd",
+    metavar="CMD",
+    help="As `train --notify-cmd`: each run's supervisor runs this command on the run's events (JSON on stdin).",
+)
+@click.option(
+    "--notify-on",
+    metavar="EVENTS",
+    help="As `train --notify-on`: which events of each run notify, comma-separated [default: all].",
+)
 @run_options
 @click.option(
     "--print",
@@ -69,6 +79,8 @@ def add(
     keep: int | None,
     only_if_changed: bool,
     notify: str | None,
+    notify_cmd: str | None,
+    notify_on: str | None,
     print_only: bool,
     as_json: bool,
     **kw: Any,
@@ -85,6 +97,7 @@ def add(
       ftlaunch schedule add weekly cfg.yaml learning_rate=1e-5 --cron @weekly --notify https://hooks.example/x
       ftlaunch schedule add monthly cfg.yaml --cron "0 3 1 * *" --gpu A100-80GB --print   # install it yourself
     """
+    from ftlaunch.run.notify import parse_on
     from ftlaunch.run.options import RunOptions
     from ftlaunch.schedule.manage import ScheduleSpec, add_schedule
 
@@ -96,6 +109,8 @@ def add(
         keep=keep,
         only_if_changed=only_if_changed,
         notify=notify,
+        notify_cmd=notify_cmd or None,
+        notify_on=tuple(sorted(parse_on(notify_on))) if notify_on else None,
         run=RunOptions.from_kwargs(kw),
         cwd=os.getcwd(),
     )

@@ -71,6 +71,8 @@ class ScheduleSpec:
     keep: int | None = None
     only_if_changed: bool = False
     notify: str | None = None
+    notify_cmd: str | None = None  # the supervisor's notifications for each run, as `train` takes them
+    notify_on: tuple[str, ...] | None = None
     run: RunOptions = RunOptions()  # everything `train` takes: scheduled runs are the same runs
     cwd: str | None = None
 
@@ -118,6 +120,8 @@ def add_schedule(
         keep=spec.keep,
         only_if_changed=spec.only_if_changed,
         notify=spec.notify,
+        notify_cmd=spec.notify_cmd,
+        notify_on=spec.notify_on,
         run=spec.run.absolute(cwd),
     )
     base, _, _ = base_output_dir(rec)

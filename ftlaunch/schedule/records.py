@@ -137,6 +137,9 @@ class ScheduleRecord:
     keep: int | None = None
     only_if_changed: bool = False
     notify: str | None = None
+    # The supervisor's notifications for each run (as `train --notify-cmd/--notify-on`); None: not given.
+    notify_cmd: str | None = None
+    notify_on: tuple[str, ...] | None = None
     run: RunOptions = RunOptions()  # everything `train` takes: scheduled runs are the same runs
     output_dir: str | None = None  # the config's own; each run trains into <output_dir>/<name>-<UTC time>
     installed: Installed | None = None
@@ -152,6 +155,8 @@ class ScheduleRecord:
         object.__setattr__(self, "overrides", tuple(self.overrides))
         object.__setattr__(self, "installed", _enum_or_none(Installed, self.installed))
         object.__setattr__(self, "history", tuple(self.history))
+        if self.notify_on is not None:
+            object.__setattr__(self, "notify_on", tuple(self.notify_on))
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> ScheduleRecord:
@@ -189,6 +194,8 @@ class ScheduleRecord:
             "installed": self.installed.value if self.installed else None,
             "command": self.command,
             "created": self.created,
+            "notify_cmd": self.notify_cmd,
+            "notify_on": list(self.notify_on) if self.notify_on is not None else None,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         out["history"] = [h.to_json() for h in self.history]

@@ -145,6 +145,10 @@ def _run_locked(
         def created(rd: Path, _plan: Any) -> None:
             nonlocal run_dir
             run_dir = rd
+            if rec.notify_cmd or rec.notify_on is not None:  # the supervisor's notifications, as `train` keeps them
+                from ftlaunch.run.notify import NotifySpec, keep_spec, parse_on
+
+                keep_spec(rd, NotifySpec(cmd=rec.notify_cmd, on=parse_on(",".join(rec.notify_on or ()))))
             say(f"schedule {name}: run {rd.name} -> {target}")
             running = Summary(EntryStatus.RUNNING, rd.name, name, 0.0, None, str(target))
             record_entry(env, name, _entry(running, started, None))

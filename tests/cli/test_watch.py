@@ -100,7 +100,8 @@ def test_five_live_runs_whole_at_80_columns_refreshed_in_place_and_q_leaves(tmp_
             assert r.exit_code == 0, r.output
             ids.append(json.loads(r.stdout)["id"])
         sock = f"ftlaunch-test-{os.getpid()}-{secrets.token_hex(3)}"
-        cmd = f"exec {sys.executable} -m ftlaunch runs --watch --interval 1"
+        # The pane is the terminal: its own 80 columns, not a COLUMNS/LINES the test run may carry.
+        cmd = f"exec env -u COLUMNS -u LINES {sys.executable} -m ftlaunch runs --watch --interval 1"
         _tmux(sock, "-f", "/dev/null", "new-session", "-d", "-s", "watch", "-x", "80", "-y", "40", cmd)
         try:
             _tmux(sock, "set-option", "-t", "watch", "remain-on-exit", "on")

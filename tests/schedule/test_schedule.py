@@ -36,7 +36,7 @@ from ftlaunch.schedule.runner import run_schedule
 from ftlaunch.schedule.versions import choose_prune, version_name
 
 from ..conftest import ROOT, needs_train_stack, tiny_config, write_yaml
-from ..helpers import said
+from ..helpers import said, wait_for
 
 INTEGRATED = "schedule" in main.commands  # cli.py registers the group itself once integrated
 if not INTEGRATED:
@@ -653,6 +653,28 @@ def test_notify_by_command_gets_the_summary_on_stdin_and_in_env(project, fake_tr
     assert summary["status"] == "succeeded" and summary["run_id"]
     assert (tmp_path / "got.json.env").read_text().strip() == "succeeded nightly"
     assert "exited 3" in record(isolated_home, "nightly")["last"]["notify_error"]
+
+
+def test_each_scheduled_run_notifies_from_its_supervisor_as_train_does(project, fake_trainer, tmp_path, isolated_home):
+    """`schedule add --notify-cmd/--notify-on` (the options `train` takes) reach every run's supervisor;
+    a schedule added without them keeps the record as before (no new keys)."""
+    assert add("plain", project).exit_code == 0
+    assert not {"notify_cmd", "notify_on"} & set(record(isolated_home, "plain"))
+    got = tmp_path / "events.jsonl"
+    r = add("nightly", project, "--notify-cmd", f"cat >> {got}; echo >> {got}", "--notify-on", "started,succeeded")
+    assert r.exit_code == 0, r.output
+    rec = record(isolated_home, "nightly")
+    assert rec["notify_cmd"].startswith("cat >> ") and rec["notify_on"] == ["started", "succeeded"]
+    assert cli("run", "nightly").exit_code == 0
+
+    def events() -> list[str] | None:
+        lines = [json.loads(x) for x in got.read_text().splitlines() if x.strip()] if got.exists() else []
+        kinds = [m.get("event") for m in lines]
+        return kinds if "succeeded" in kinds else None
+
+    kinds = wait_for(events, "the succeeded notification")
+    assert kinds[0] == "started" and set(kinds) == {"started", "succeeded"}
+    assert add("bad", project, "--notify-on", "finished").exit_code == 3  # an unknown event is named
 
 
 # ---------------------------------------------------------------- what cron runs
