@@ -79,6 +79,8 @@ class Hardware:
     # Pairs of GPU indices (as the trainer sees them) that cannot reach each other peer to peer:
     # measured by NVML on a probed machine, assumed for the catalog's cards without P2P (catalog.Card.p2p).
     p2p_blocked: tuple[tuple[int, int], ...] = ()
+    # Trainer processes offered on a machine without GPUs (``--gpu nonexN``): torchrun over gloo.
+    cpu_processes: int = 1
 
     @property
     def gpu_count(self) -> int:
@@ -86,8 +88,8 @@ class Hardware:
 
     @property
     def world_size(self) -> int:
-        """Processes the trainer will run: one per GPU, one on a CPU-only machine."""
-        return max(1, len(self.gpus))
+        """Processes the trainer will run: one per GPU; on a CPU-only machine ``cpu_processes``."""
+        return len(self.gpus) if self.gpus else max(1, self.cpu_processes)
 
     @property
     def bf16(self) -> bool:
@@ -102,7 +104,9 @@ class Hardware:
 
     def describe(self) -> str:
         if not self.gpus:
-            return "no GPU (CPU only)"
+            return (
+                "no GPU (CPU only)" if self.cpu_processes <= 1 else f"no GPU (CPU only, {self.cpu_processes} processes)"
+            )
         g = self.gpus[0]
         cc = g.compute_capability
         ccs = f", cc {cc[0]}.{cc[1]}" if cc else ""
@@ -121,7 +125,7 @@ class Hardware:
             "versions": dict(self.versions),
             "notes": list(self.notes),
             "p2p_blocked": [list(p) for p in self.p2p_blocked],
-        }
+        } | ({"cpu_processes": self.cpu_processes} if self.cpu_processes != 1 else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str | None = None) -> Hardware:
@@ -137,6 +141,7 @@ class Hardware:
                 versions=dict(d.get("versions") or {}),
                 notes=tuple(d.get("notes") or ()),
                 p2p_blocked=tuple((int(a), int(b)) for a, b in d.get("p2p_blocked") or ()),
+                cpu_processes=int(d.get("cpu_processes") or 1),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise HardwareError(
@@ -177,7 +182,8 @@ def _short(text: str, limit: int = 40) -> str:
 
 
 def parse_gpu_spec(spec: str) -> tuple[str, int]:
-    """``V100-32GB``, ``A100-80GBx4``, ``4xA100-80GB`` -> (catalog key, card count); ``none`` -> ("none", 0).
+    """``V100-32GB``, ``A100-80GBx4``, ``4xA100-80GB`` -> (catalog key, card count); ``none`` -> ("none", 0);
+    ``nonexN`` (or ``cpuxN``) -> ("none", N): N trainer processes on the CPU.
     HardwareError for an unknown or ambiguous card, a count below 1 or above MAX_CATALOG_GPUS (read
     from its digits first: a count is never made an int of any size, nor anything sized by it)."""
     text = spec.strip()
@@ -189,6 +195,15 @@ def parse_gpu_spec(spec: str) -> tuple[str, int]:
         )
     if text.lower() in {"none", "cpu"}:
         return "none", 0
+    cpu = re.fullmatch(r"(?:none|cpu)\s*[xX\*]\s*(\d+)|(\d+)\s*[xX\*]\s*(?:none|cpu)", text, re.IGNORECASE)
+    if cpu:
+        digits = (cpu.group(1) or cpu.group(2)).lstrip("0") or "0"
+        if len(digits) > len(str(MAX_GPUS_PER_NODE)) or not 1 <= int(digits) <= MAX_GPUS_PER_NODE:
+            raise HardwareError(
+                f"--gpu {_short(spec)!r}: CPU processes must be 1 to {MAX_GPUS_PER_NODE}",
+                hint="e.g. --gpu nonex2: two trainer processes on this machine's CPU",
+            )
+        return "none", int(digits)
     digits = "1"
     m = re.fullmatch(r"(.+?)\s*[xX\*]\s*(\d+)", text) or None
     names = [_norm(k) for k in CATALOG]
@@ -258,7 +273,8 @@ def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
     MAX_CATALOG_GPUS cards: a Slurm job's cluster is one such value)."""
     key, count = parse_gpu_spec(spec)
     if key == "none":
-        return Hardware(source="catalog:none", host_ram_gib=host_ram_gib)
+        source = f"catalog:nonex{count}" if count > 1 else "catalog:none"
+        return Hardware(source=source, host_ram_gib=host_ram_gib, cpu_processes=max(1, count))
     card = CARDS[key]
     mib = card.memory_mib
     gpus = tuple(

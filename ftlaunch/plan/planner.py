@@ -329,7 +329,16 @@ class Processes:
 
 
 def processes_for(values: Mapping[str, Any], hw: Hardware, *, zero3: bool) -> Processes:
-    """One per GPU, unless the config cannot run distributed (``rules``): then one, on the first GPU."""
+    """One per GPU (``cpu_processes`` on the CPU), unless the config cannot run distributed
+    (``rules``): then one, on the first GPU."""
+    if not hw.gpus and hw.cpu_processes > 1:
+        refused = [rules.single_process(values)] if rules.single_process(values) else []
+        refused += [str(r) for r in rules.distributed_refusals(values, zero3=zero3)]
+        if refused:
+            return Processes(
+                1, None, f"one process of the {hw.cpu_processes} offered on the CPU: " + "; ".join(refused)
+            )
+        return Processes(hw.world_size)
     if hw.gpu_count <= 1:
         return Processes(1)
     first = hw.gpus[0]
@@ -393,7 +402,7 @@ def plan(
     gb = global_batch_for(values, procs.world, options, meta, deepspeed_config)
     if gb.fewer_devices:
         procs = Processes(
-            gb.world, ",".join(g.uuid or str(g.index) for g in hardware.gpus[: gb.world]), gb.fewer_devices
+            gb.world, ",".join(g.uuid or str(g.index) for g in hardware.gpus[: gb.world]) or None, gb.fewer_devices
         )
     world = procs.world
     if procs.why:
@@ -485,7 +494,19 @@ def plan(
         p2p_blocked=blocked,
         kt=rules.single_process(values) is not None,
     )
-    if gb.fewer_devices:
+    cpu_world = not hardware.gpus and hardware.cpu_processes > 1
+    if cpu_world and world > 1 and ed.values.get("ddp_backend") != "gloo":
+        # accelerate would pick MPI where torch has it (state.py _prepare_backend); NCCL needs GPUs
+        ed.set("ddp_backend", "gloo", f"{world} processes on the CPU: gloo is torch's CPU backend (NCCL needs GPUs)")
+    if cpu_world and meta.get("world_size") != world:
+        why = (
+            gb.fewer_devices
+            or f"{world} trainer processes on the CPU (--gpu nonex{hardware.cpu_processes}), over torchrun"
+        )
+        for key in ("FORCE_TORCHRUN", "NPROC_PER_NODE"):
+            if key in env:
+                ed.changes.append(Change(key, None, env[key], why))
+    elif gb.fewer_devices:
         if world > 1 and procs.pin:
             # launch_env pins only a single process; torchrun's ranks take the first NPROC_PER_NODE visible
             # GPUs, and naming them keeps a user's CUDA_VISIBLE_DEVICES from widening the set

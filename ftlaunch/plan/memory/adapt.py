@@ -162,12 +162,20 @@ def _host_decision(
         return None
     setup = setup_from_config(dict(values), world_size=1, default_optim=optim_default)
     choice = choose_on_host(
-        spec, setup, host_ram_gib=host_ram, per_device_batch=per_device, headroom=headroom, max_micro_batch=most
+        spec,
+        setup,
+        host_ram_gib=host_ram,
+        per_device_batch=per_device,
+        headroom=headroom,
+        max_micro_batch=most,
+        processes=hw.world_size,
     )
     usable = host_ram * (1 - headroom)
     mem = replace(_prediction(choice, spec, values, host_ram, headroom, optim_why, host_ram, host_note), device="host")
     peak = choice.estimate.peak_gib
     where = f"{host_ram:g} GiB of host RAM" + (f" ({host_note})" if host_note else "")
+    if hw.world_size > 1:
+        where += f", {hw.world_size} trainer processes"
     if choice.micro_batch is None:
         alternatives = [a.to_dict() for a in choice.alternatives]
         p, limit = gib_pair(peak, host_ram * (1 - min(headroom, MIN_HEADROOM)))

@@ -56,15 +56,18 @@ CHECKPOINT_BYTES = 2
 GPU_OPTIONS = ("T4", "A10G", "A100-40GB", "A100-80GB", "H200")
 
 
-def host_estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
-    """Peak resident memory (GiB) of one CPU training step of ``setup`` (trained in fp32)."""
+def host_estimate(spec: ModelSpec, setup: TrainSetup, processes: int = 1) -> MemoryEstimate:
+    """Peak resident memory (GiB) of one CPU training step of ``setup`` (trained in fp32), over all
+    ``processes`` trainer processes: each (``--gpu nonexN``) holds its own interpreter, model, gradients
+    and optimizer states, so the host holds ``processes`` times one."""
     cpu = replace(setup, compute_dtype="fp32", pure_bf16=False, world_size=1, zero_stage=0)
     cpu = replace(cpu, offload_optimizer=False, offload_params=False, attn_impl=_cpu_attn(cpu.attn_impl))
     est = estimate(spec, cpu)
     tensors = est.tensors_gib
     loading = spec.params * (CHECKPOINT_BYTES + 4) / GIB
-    peak = max(tensors * (1 + HOST_SLACK), loading) + HOST_BASE_GIB
-    return replace(est, peak_gib=peak, overhead_gib=peak - tensors, host_gib=0.0)
+    peak = (max(tensors * (1 + HOST_SLACK), loading) + HOST_BASE_GIB) * max(1, processes)
+    tensors *= max(1, processes)
+    return replace(est, tensors_gib=tensors, peak_gib=peak, overhead_gib=peak - tensors, host_gib=0.0)
 
 
 def _cpu_attn(impl: str) -> str:
@@ -80,14 +83,15 @@ def choose_on_host(
     per_device_batch: int,
     headroom: float = 0.12,
     max_micro_batch: int | None = None,
+    processes: int = 1,
 ) -> Choice:
-    """The largest micro-batch dividing ``per_device_batch`` whose host peak fits the RAM with
-    ``headroom`` (verdict fits), else within the RAM less MIN_HEADROOM (tight), else none
-    (does not fit, with the alternatives). Nothing about the training changes."""
+    """The largest micro-batch dividing ``per_device_batch`` whose host peak (``processes`` trainer
+    processes) fits the RAM with ``headroom`` (verdict fits), else within the RAM less MIN_HEADROOM
+    (tight), else none (does not fit, with the alternatives). Nothing about the training changes."""
     usable = host_ram_gib * (1 - headroom)
     tight = host_ram_gib * (1 - min(headroom, MIN_HEADROOM))
     cands = [d for d in divisors_desc(per_device_batch) if max_micro_batch is None or d <= max_micro_batch]
-    est_fn = partial(host_estimate, spec)
+    est_fn = partial(host_estimate, spec, processes=processes)
     for limit, verdict in ((usable, FITS), (tight, TIGHT)):
         mb, est, tried = scan_micro_batches(est_fn, setup, cands, per_device_batch, limit)
         if mb is not None:
