@@ -316,6 +316,10 @@ def _kernel_edits(values: Mapping[str, Any], hw: Hardware) -> list[Change]:
                 f"{where}: FlashAttention-2 needs compute capability >= 8.0 (Ampere); torch SDPA instead",
             )
         )
+    if truthy(values.get("tf32")) and not (ccs and all(rules.has_fa2(c) for c in ccs)):
+        # transformers refuses it at start: "--tf32 requires Ampere or a newer GPU arch" (also on the CPU)
+        why = f"{where}: TF32 needs compute capability >= 8.0 (Ampere); transformers refuses --tf32 there"
+        edits.append(Change("tf32", values.get("tf32"), False, why))
     return edits
 
 

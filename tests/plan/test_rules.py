@@ -225,6 +225,16 @@ def test_fa2_only_from_compute_capability_8(card, impl):
     assert p.config["flash_attn"] == impl
 
 
+@pytest.mark.parametrize(("card", "kept"), [("V100-32GB", False), ("T4", False), ("none", False), ("A100-80GB", True)])
+def test_tf32_only_from_compute_capability_8(card, kept):
+    """transformers refuses `tf32: true` before Ampere and on the CPU ("--tf32 requires Ampere or a newer
+    GPU arch"): found by the user-config corpus (tests/data/user_configs/07-qwen25-3b-full-rtx4090.yaml)."""
+    p = plan({"tf32": True}, catalog_hardware(card))
+    assert p.config["tf32"] is kept
+    if not kept:
+        assert "8.0" in {c.key: c for c in p.changes}["tf32"].reason
+
+
 def test_nccl_p2p_disable_where_the_gpus_cannot_reach_each_other():
     assert plan({}, catalog_hardware("RTX4090x2")).env["NCCL_P2P_DISABLE"] == "1"
     assert "NCCL_P2P_DISABLE" not in plan({}, catalog_hardware("A100-80GBx2")).env

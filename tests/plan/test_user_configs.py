@@ -393,10 +393,7 @@ KNOWN_WRONG["30-qwen15-7b-badam-pt-z3-fp32.yaml"].append(
 
 # Planner bugs this corpus found that issue 30 does not list: (config, card) -> {rule: what}. The invariant tests
 # leave these out and test_found_here_today marks each xfail (strict=False) while it is still there.
-_TF32 = "tf32: true is kept where there is no TF32 (cc < 8.0, or no GPU): transformers refuses the adapted config"
-FOUND_HERE: dict[tuple[str, str], dict[str, str]] = {
-    ("07-qwen25-3b-full-rtx4090.yaml", "none"): {"precision": _TF32, "cannot-start": _TF32},
-}
+FOUND_HERE: dict[tuple[str, str], dict[str, str]] = {}  # the tf32 one (07 on none) is fixed: plan/planner.py
 
 
 def unexpected(c: Case, rule: str) -> bool:
