@@ -498,6 +498,10 @@ def plan(
         p2p_blocked=blocked,
         kt=rules.single_process(values) is not None,
     )
+    if not hardware.gpus and world == 1 and ed.values.get("ddp_backend"):
+        # accelerate (state.py:296) takes a named backend as distributed and asks torch for a process
+        # group that one process never starts: "Default process group has not been initialized"
+        ed.remove("ddp_backend", "one process on the CPU: a ddp_backend fails without a process group")
     cpu_world = not hardware.gpus and hardware.cpu_processes > 1
     if cpu_world and world > 1 and ed.values.get("ddp_backend") != "gloo":
         # accelerate would pick MPI where torch has it (state.py _prepare_backend); NCCL needs GPUs

@@ -54,7 +54,14 @@ from ftlaunch.run.store import (
     write_trainer_config,
 )
 from ftlaunch.run.tail import Tail
-from ftlaunch.run.trainer import find_trainer, redact, secret_handoff, trainer_command, trainer_env
+from ftlaunch.run.trainer import (
+    find_trainer,
+    redact,
+    secret_handoff,
+    trainer_command,
+    trainer_env,
+    with_torchrun_beside,
+)
 
 # How a recovery decision that is not a retry ends the run.
 _ENDS = {Action.SUCCEED: RunStatus.SUCCEEDED, Action.STOP: RunStatus.STOPPED, Action.FAIL: RunStatus.FAILED}
@@ -339,10 +346,12 @@ class Supervisor:
 
     def _start_trainer(self, extra_env: dict[str, str], config_path: Path, base_dir: str | None) -> subprocess.Popen:
         """The trainer in its own process group, its output on a pipe (the pump logs it)."""
-        cmd = trainer_command(find_trainer(self.env), config_path)
+        cli = find_trainer(self.env)
+        cmd = trainer_command(cli, config_path)
+        env = trainer_env(self.env, {}, {**extra_env, **secret_handoff(self._secrets())[0]})
         return self.spawn(
             cmd,
-            env=trainer_env(self.env, {}, {**extra_env, **secret_handoff(self._secrets())[0]}),
+            env=with_torchrun_beside(env, cli),
             cwd=base_dir if base_dir and Path(base_dir).is_dir() else None,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -5,6 +5,7 @@ Model: accelerate ``prepare_simple_launcher_cmd_env``: returns (cmd, env), runs 
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Iterable, Mapping
@@ -63,6 +64,21 @@ def trainer_env(
     # The trainer's output goes to a file: unbuffered so `logs -f` sees it as it happens.
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def with_torchrun_beside(env: Mapping[str, str], cli: list[str]) -> dict[str, str]:
+    """``env`` with the folder of ``cli`` first on PATH when the plan runs torchrun (FORCE_TORCHRUN)
+    and that folder holds the ``torchrun`` of the trainer's environment: LLaMA-Factory's launcher runs
+    ``torchrun`` by name from PATH (launcher.py:95-115), which an unactivated virtualenv lacks
+    (``FileNotFoundError: 'torchrun'``)."""
+    out = dict(env)
+    beside = Path(cli[0]).parent
+    if not out.get("FORCE_TORCHRUN") or not (beside / "torchrun").is_file():
+        return out
+    found = shutil.which("torchrun", path=out.get("PATH"))
+    if found is None or Path(found).parent != beside:
+        out["PATH"] = os.pathsep.join(p for p in (str(beside), out.get("PATH")) if p)
+    return out
 
 
 def secret_handoff(secrets: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:

@@ -121,3 +121,10 @@ def test_the_host_verdict_of_a_cpu_plan_counts_n_processes():
     two = plan(CFG, catalog_hardware("nonex2", host_ram_gib=64), memory_chooser=chooser)
     assert two.memory.peak_gib == pytest.approx(2 * one.memory.peak_gib, rel=0.05)
     assert "2 trainer processes" in _changes(two)["gradient_accumulation_steps"].reason
+
+
+def test_one_cpu_process_drops_the_ddp_backend_a_process_group_would_need():
+    two = plan(CFG, catalog_hardware("nonex2"))
+    one = plan(two.config, catalog_hardware("none"), meta=two.header)
+    assert "ddp_backend" not in one.config
+    assert "process group" in _changes(one)["ddp_backend"].reason
