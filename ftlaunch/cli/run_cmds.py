@@ -365,6 +365,12 @@ def stop(run: str | None, grace: float) -> None:
     is_flag=True,
     help="Resume from the checkpoint although torch/transformers/llamafactory/peft/... changed since (else exit 18).",
 )
+@click.option(
+    "--gpu",
+    "gpu",
+    help="Re-plan the run for this machine first (catalog card[xN], none, or nonexN: N CPU processes), "
+    "the global batch kept exactly; the changes are shown.",
+)
 @notify_options
 def resume(
     args: tuple[str, ...],
@@ -372,6 +378,7 @@ def resume(
     follow: bool | None,
     allow_global_batch_change: bool,
     allow_env_change: bool,
+    gpu: str | None,
     **notify_kw: Any,
 ) -> None:
     """Re-attach to RUN if alive (follow its log); else restart it from its last complete checkpoint.
@@ -389,6 +396,7 @@ def resume(
       ftlaunch resume            # after SSH loss, a reboot or `ftlaunch stop`
       ftlaunch resume --no-follow
       ftlaunch resume nightly per_device_train_batch_size=1 gradient_accumulation_steps=8
+      ftlaunch resume nightly --gpu none     # a run of 2 processes goes on in 1, global batch kept
     """
     from ftlaunch.run.control import ResumeOutcome, preview_run_edit, resume_run
     from ftlaunch.run.view import find_run
@@ -403,6 +411,21 @@ def resume(
         from ftlaunch.run.notify import keep_spec
 
         keep_spec(run_dir, notify)  # read by the supervisor this resume starts (a live one keeps its own)
+    hardware = None
+    if gpu is not None:
+        from dataclasses import replace
+
+        from ftlaunch.plan.hardware import catalog_hardware
+        from ftlaunch.plan.render import plan_renderables
+        from ftlaunch.run.control import preview_replan
+
+        hardware = catalog_hardware(gpu)
+        r = preview_replan(run_dir, hardware)
+        for item in plan_renderables(replace(r.plan, changes=r.changes), title=f"resume {run_dir.name}"):
+            err_console.print(item)
+        err_console.print(f"resumes from {r.checkpoint or 'the start (no complete checkpoint)'}", highlight=False)
+        for note in r.notes:
+            err_console.print(f"note: {note}", highlight=False)
     if overrides:
         for key, before, after, note in preview_run_edit(run_dir, overrides):
             err_console.print(f"  {key}: {before} -> {after}{f'  ({note})' if note else ''}", highlight=False)
@@ -414,6 +437,7 @@ def resume(
         allow_global_batch_change=allow_global_batch_change,
         allow_env_change=allow_env_change,
         cwd=os.getcwd(),
+        hardware=hardware,
     )
     pid = resumed.pid
     if resumed.outcome is ResumeOutcome.ALIVE:

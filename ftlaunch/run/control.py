@@ -168,6 +168,7 @@ def resume_run(
     allow_global_batch_change: bool = False,
     allow_env_change: bool = False,
     cwd: str | Path | None = None,
+    hardware: Any = None,
 ) -> Resumed:
     """Re-attach if alive; restart from the last complete checkpoint if the run died.
 
@@ -176,6 +177,7 @@ def resume_run(
     ``allow_env_change``.
 
     ``overrides`` (key=value) edit the run's adapted config first; refused while the run is alive.
+    ``hardware``: re-plan the run's config for it first (``preview_replan``: the global batch kept).
     ``cwd``: the caller's working directory (read at the edge), the PWD of a Slurm job submitted again;
     without it the job gets ``env``'s PWD.
     The restart happens under the output_dir lock, taken before any state changes and handed to
@@ -189,11 +191,17 @@ def resume_run(
         raise  # another ftlaunch's state: not ours to rebuild over
     except StateError:
         state = rebuild_state(run_dir)
+    if hardware is not None and state.slurm_job_id:
+        raise ConfigError(
+            f"run {run_dir.name} is a Slurm job: --gpu does not re-plan it",
+            hint="resume it as it was planned (its job.sbatch names its nodes)",
+        )
     if state.slurm_job_id and env.get("SLURM_JOB_ID") != state.slurm_job_id:
         # A Slurm run trains only inside its own job (the batch step resumes it there): from
         # anywhere else, resume means sbatch again.
         return _resume_in_slurm(run_dir, state, env, overrides, allow_global_batch_change, allow_env_change, cwd)
-    verdict = _resume_verdict(run_dir, state, overrides)
+    edits = overrides if hardware is None else (*overrides, "--gpu")  # a live run's config never changes
+    verdict = _resume_verdict(run_dir, state, edits)
     if verdict is not None:
         return verdict
     output_dir = state.output_dir or ""
@@ -208,14 +216,21 @@ def resume_run(
         raise
     try:
         state = read_state(run_dir)  # again, under the lock: another resume may have come first
-        verdict = _resume_verdict(run_dir, state, overrides)
+        verdict = _resume_verdict(run_dir, state, edits)
         if verdict is not None:
             return verdict
         status = state.status
         if not allow_env_change:
             resumes = prog.last_complete_checkpoint(Path(output_dir))
             refuse_resume(run_dir, env, state, resumes[1].name if resumes else None)
+        last = prog.last_complete_checkpoint(Path(output_dir))
+        if hardware is None and last is not None and not state.slurm_job_id:
+            why = cpu_processes_refusal(int(state.world_size or 1), int(state.gpu_count or 0), _names(last[1]))
+            if why:
+                raise ConfigError(why, hint=f"resume it on one CPU process: ftlaunch resume {run_dir.name} --gpu none")
         _end_orphans(run_dir, env, output_dir, state)
+        if hardware is not None:
+            _apply_replan(run_dir, preview_replan(run_dir, hardware))
         if overrides:
             edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
         out = Path(state.output_dir or "")
@@ -359,6 +374,139 @@ def _resume_verdict(run_dir: Path, state: RunState, overrides: tuple[str, ...]) 
     if status is RunStatus.SUCCEEDED:
         return Resumed(ResumeOutcome.FINISHED, exit_code=0)
     return None
+
+
+# Variables of a launch that a world size decides (rules.launch_env): replaced as a whole on a re-plan.
+LAUNCH_KEYS = ("FORCE_TORCHRUN", "NPROC_PER_NODE", "CUDA_VISIBLE_DEVICES", "NCCL_P2P_DISABLE", "USE_KT")
+
+
+@dataclass(frozen=True)
+class Replan:
+    """`resume RUN --gpu ...`: the run's adapted config planned again for the hardware at hand, the
+    global batch kept exactly. ``changes`` include the devices and the launch variables; ``notes`` say
+    what the checkpoint keeps and what it cannot (per-rank RNG states)."""
+
+    plan: Any
+    changes: tuple[Any, ...]
+    world_before: int
+    world_after: int
+    checkpoint: str | None
+    notes: tuple[str, ...]
+    trainer_env: Mapping[str, str]
+
+
+def rng_state_notes(names: set[str], world_after: int) -> list[str]:
+    """What transformers' ``Trainer._load_rng_state`` will do with the RNG files of a checkpoint
+    (``names``: its file names) on ``world_after`` processes: rank r reads rng_state_{r}.pth when
+    several, rng_state.pth when one, and goes on without when its file is missing. Pure."""
+    wanted = {f"rng_state_{r}.pth" for r in range(world_after)} if world_after > 1 else {"rng_state.pth"}
+    present = {n for n in names if n.startswith("rng_state") and n.endswith(".pth")}
+    missing, unused = sorted(wanted - present), sorted(present - wanted)
+    writers = sum(1 for n in present if n != "rng_state.pth") or 1
+    notes = []
+    if missing:
+        notes.append(
+            f"RNG states missing for the new world size {world_after}: {', '.join(missing)} "
+            f"(the checkpoint was written by {writers} process(es)): those ranks go on with the RNG `seed` "
+            "set (the data order does not depend on them: the sampler is seeded by `seed`)"
+        )
+    if unused:
+        notes.append(f"RNG states unused on {world_after} process(es): {', '.join(unused)}")
+    return notes
+
+
+def cpu_processes_refusal(world: int, gpus: int, names: set[str]) -> str | None:
+    """Why a checkpoint with optimizer.pt cannot be resumed by several CPU processes, else None. Pure.
+
+    accelerate gives each CPU rank the device ``cpu:N`` (state.py ``set_device``, MULTI_CPU), transformers
+    loads optimizer.pt with ``map_location=args.device`` when world_size > 1 (trainer.py
+    ``_load_optimizer_and_scheduler``), and torch cannot map onto ``cpu:0``: "don't know how to restore
+    data location of torch.storage.UntypedStorage (tagged with cpu:0)"."""
+    if gpus or world <= 1 or "optimizer.pt" not in names:
+        return None
+    return (
+        f"{world} CPU processes cannot load the checkpoint's optimizer.pt: accelerate names each CPU rank's "
+        "device cpu:N and transformers loads the optimizer onto it when world_size > 1, which torch refuses "
+        "(don't know how to restore data location ... tagged with cpu:0)"
+    )
+
+
+def _deepspeed_layout(checkpoint: Path) -> bool:
+    """A DeepSpeed checkpoint: its optimizer states are per-rank shards in global_stepN/."""
+    return any(p.name.startswith("global_step") and p.is_dir() for p in checkpoint.iterdir())
+
+
+def _names(folder: Path) -> set[str]:
+    return {f.name for f in folder.iterdir()}
+
+
+def preview_replan(run_dir: Path, hardware: Any) -> Replan:
+    """What `resume RUN --gpu ...` would change (reads the run's config, state and last checkpoint;
+    writes nothing). ConfigError (exit 3) when the global batch cannot be kept, or when the
+    checkpoint's per-rank optimizer shards (DeepSpeed) would change data-parallel size."""
+    from ftlaunch.plan.change import Change
+    from ftlaunch.plan.planner import plan
+
+    config, header = read_config(run_dir)
+    state = read_state(run_dir)
+    world_before = int(state.world_size or header.get("world_size") or 1)
+    g_before = int(state.global_batch or header.get("global_batch") or 0)
+    p = plan(config, hardware, meta={**header, "world_size": world_before})
+    problems = []
+    if g_before and p.global_batch_target != g_before:
+        problems.append(
+            f"global batch {g_before} cannot be kept on {hardware.describe()} "
+            f"({p.micro_batch} x {p.accumulation} x {p.world_size} = {p.global_batch_target})"
+        )
+    last = prog.last_complete_checkpoint(Path(state.output_dir or ""))
+    if last is not None and p.world_size != world_before and _deepspeed_layout(last[1]):
+        problems.append(
+            f"{last[1].name} is a DeepSpeed checkpoint (per-rank optimizer shards in global_step*/) written by "
+            f"{world_before} process(es); the trainer cannot load it on {p.world_size}: resume on the original "
+            f"layout ({world_before} devices)"
+        )
+    if last is not None and (why := cpu_processes_refusal(p.world_size, hardware.gpu_count, _names(last[1]))):
+        problems.append(f"{why}: resume it on one CPU process (--gpu none)")
+    if problems:
+        raise ConfigError(problems)
+    changes = list(p.changes)
+    old_env = dict(state.trainer_env or {})
+    new_env = {**{k: v for k, v in old_env.items() if k not in LAUNCH_KEYS}, **p.env}
+    shown = {c.key for c in changes}
+    why = f"resumed on {hardware.describe()}: global batch {p.global_batch_target} kept"
+    for key in LAUNCH_KEYS:
+        if old_env.get(key) != new_env.get(key) and key not in shown:
+            changes.append(Change(key, old_env.get(key), new_env.get(key), why))
+    if p.world_size != world_before:
+        changes.insert(0, Change("devices", world_before, p.world_size, why))
+    notes = rng_state_notes(_names(last[1]), p.world_size) if last else []
+    return Replan(p, tuple(changes), world_before, p.world_size, last[1].name if last else None, tuple(notes), new_env)
+
+
+def _apply_replan(run_dir: Path, r: Replan) -> None:
+    """Write the re-planned config and the state's launch figures; the change is an event."""
+    p = r.plan
+    write_config(run_dir, p.config, p.header)
+    update_state(
+        run_dir,
+        gpu_model=p.hardware.gpu_model,
+        gpu_count=p.hardware.gpu_count,
+        world_size=p.world_size,
+        micro_batch=p.micro_batch,
+        accumulation=p.accumulation,
+        global_batch=p.global_batch_target,
+        trainer_env=dict(r.trainer_env),
+    )
+    append_event(
+        run_dir,
+        "replanned",
+        hardware=p.hardware.describe(),
+        world_before=r.world_before,
+        world_after=r.world_after,
+        checkpoint=r.checkpoint,
+        changes=[c.to_dict() for c in r.changes],
+        notes=list(r.notes),
+    )
 
 
 def global_batch_change(
