@@ -117,7 +117,7 @@ def test_a_run_of_two_processes_resumes_on_one_with_the_global_batch_and_the_los
 
     out = tmp_path / "out"
     cfg = write_yaml(tmp_path / "tiny.yaml", tiny_config(tiny, out, **over))
-    slow = env_without_torchrun(PYTHONPATH=INJECT, FTLAUNCH_TEST_STEP_SLEEP="0.4")
+    slow = env_without_torchrun(PYTHONPATH=INJECT, FTLAUNCH_TEST_STEP_SLEEP="1.0")
     r = ftl("train", str(cfg), "--gpu", "nonex2", "--name", "moving", env=slow)
     assert r.returncode == 0, r.stdout + r.stderr
     wait_for(lambda: (out / "checkpoint-8" / "trainer_state.json").exists(), "checkpoint-8", timeout=240)
@@ -146,3 +146,23 @@ def test_a_run_of_two_processes_resumes_on_one_with_the_global_batch_and_the_los
     loss = records[len(first)]["loss"]
     print(f"\nfirst resumed step {ckpt + 1}: loss {loss} (1 process) vs {reference[ckpt + 1]} uninterrupted (2)")
     assert abs(loss - reference[ckpt + 1]) < 1e-3 < abs(reference[1] - reference[ckpt + 1])
+
+
+@pytest.mark.e2e
+def test_a_run_of_one_process_is_not_resumed_on_two_cpu_processes_into_a_crash(tiny, tmp_path, isolated_home):
+    out = tmp_path / "out"
+    cfg = write_yaml(tmp_path / "tiny.yaml", tiny_config(tiny, out))
+    slow = env_without_torchrun(PYTHONPATH=INJECT, FTLAUNCH_TEST_STEP_SLEEP="0.6")
+    assert ftl("train", str(cfg), "--gpu", "none", "--name", "one", env=slow).returncode == 0
+    wait_for(lambda: (out / "checkpoint-4" / "trainer_state.json").exists(), "checkpoint-4", timeout=240)
+    assert ftl("stop", "one", env=slow).returncode == 0
+    run_dir = run_dir_of(isolated_home)
+    config_before = (run_dir / "config.yaml").read_text()
+    r = ftl("resume", "one", "--gpu", "nonex2", "--foreground", env=env_without_torchrun())
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert said("2 CPU processes cannot load the checkpoint's optimizer.pt", r.stderr)
+    assert said("resume it on one CPU process (--gpu none)", r.stderr)
+    # refused before anything changed: the config, the world size and the status are the stopped run's
+    assert (run_dir / "config.yaml").read_text() == config_before
+    state = json.loads((run_dir / "state.json").read_text())
+    assert (state["status"], state["world_size"]) == ("stopped", 1)
