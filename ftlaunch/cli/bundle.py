@@ -26,7 +26,7 @@ def bundle_cmd(run: str | None, output: Path | None) -> None:
     \b
     Examples:
       ftlaunch bundle
-      ftlaunch bundle nightly -o nightly-bug.tar.gz
+      ftlaunch bundle 20261130-1200 -o bug-report.tar.gz
     """
     from ftlaunch.run.bundle import write_bundle
     from ftlaunch.run.view import find_run

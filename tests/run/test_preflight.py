@@ -262,7 +262,10 @@ def recording_cli(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.e2e
-def test_train_refused_by_llamafactory_exits_3_creates_nothing_and_is_cached(tiny, tmp_path, isolated_home):
+def test_train_refused_by_llamafactory_exits_3_creates_nothing_and_needs_no_child(tiny, tmp_path, isolated_home):
+    """LLaMA-Factory's refusal of `train_on_prompt` outside SFT depends on the config alone: since issue 30
+    the plan's rules (plan/rules.py config_refusals) say it verbatim before any preflight child starts,
+    for train and `plan --check` alike (the child's cache is tested by the accepted case below)."""
     cli, mark = recording_cli(tmp_path)
     env = child_env(FTLAUNCH_LLAMAFACTORY_CLI=str(cli))
     cfg = write_yaml(tmp_path / "pt.yaml", tiny_config(tiny, tmp_path / "out", stage="pt", train_on_prompt=True))
@@ -272,14 +275,10 @@ def test_train_refused_by_llamafactory_exits_3_creates_nothing_and_is_cached(tin
     runs = isolated_home / "runs"
     assert not runs.exists() or not [p for p in runs.iterdir() if not p.name.startswith(".")]
     assert not mark.exists() and not (tmp_path / "out").exists()  # no trainer, no output_dir
-    assert len(children(isolated_home)) == 1
-    again = ftl("train", str(cfg), "--foreground", env=env)
-    assert again.returncode == 3 and LF_REFUSAL in again.said
-    assert len(children(isolated_home)) == 1  # the cached verdict: no second child
-    # `plan --check` says the same, from the same cache
+    assert len(children(isolated_home)) == 0  # no preflight child was needed
     checked = ftl("plan", str(cfg), "--check", env=env)
     assert checked.returncode == 3 and LF_REFUSAL in checked.said
-    assert len(children(isolated_home)) == 1
+    assert len(children(isolated_home)) == 0
     assert not mark.exists()
 
 
