@@ -115,7 +115,7 @@ def test_an_output_dir_that_is_a_symlink_loop_is_named_as_one(tmp_path, isolated
     assert r.returncode == 3, r.stderr
     loop = f"{tmp_path / 'a'} -> {tmp_path / 'b'} -> {tmp_path / 'a'}"
     assert said(f"output_dir {tmp_path / 'a'} is a symlink loop ({loop})", r.stderr), r.stderr
-    assert said("point output_dir at a real folder", r.stderr) and "File exists" not in r.stderr
+    assert said("point output_dir at a real folder", r.stderr) and not said("File exists", r.stderr)
     assert not (isolated_home / "runs").exists() or not any((isolated_home / "runs").iterdir())  # no run made
     (tmp_path / "d").symlink_to(tmp_path / "gone" / "x")
     r = ftl("train", str(write_config(tmp_path, output_dir=str(tmp_path / "d"))), "--gpu", "A10G", env=env)
@@ -150,7 +150,7 @@ def test_a_config_holding_a_plain_scalar_says_so(tmp_path, text, shown):
     assert r.exit_code == 3, r.output
     assert said(f"c.yaml holds a YAML scalar ({shown}), not a mapping of keys", r.output)
     assert said("lines of `key: value`", r.output)
-    assert "unknown key" not in r.output and "Traceback" not in r.output
+    assert not said("unknown key", r.output) and "Traceback" not in r.output
 
 
 # ---------------------------------------------------------------- FTLAUNCH_HOME a file
@@ -181,7 +181,7 @@ def test_every_reader_refuses_an_ftlaunch_home_that_is_a_file(tmp_path, monkeypa
         what = f"FTLAUNCH_HOME={blocker / 'ftl'} cannot be made: {blocker}" if below else f"FTLAUNCH_HOME={blocker}"
         assert said(f"{what} is a file, not a directory", r.output), (args, r.output)
         assert said(f"set FTLAUNCH_HOME to a directory (made if missing), or move {blocker} away", r.output)
-        assert "0 run(s)" not in r.output and "no runs" not in r.output
+        assert not said("0 run(s)", r.output) and not said("no runs", r.output)
 
 
 # ---------------------------------------------------------------- one name, several runs

@@ -18,6 +18,7 @@ from ftlaunch.cli.schedule import schedule_group
 from ftlaunch.plan.render import PIPE_WIDTH
 
 from ..conftest import venv_bin
+from ..helpers import said
 from ..schedule.test_schedule import fake_trainer, project, scratch_crontab  # noqa: F401 (fixtures)
 
 RUN_IDS = ["20261201-131301-89ab", "20261201-131302-cdef"]
@@ -125,7 +126,7 @@ def test_resume_of_a_live_run_follows_it_to_the_end(project, fake_trainer, monke
     r = ftl("resume", run_id, env=env)
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr  # it followed until the run succeeded
-    assert "following its log" in r.stdout and "fake trainer attempt 1" in r.stdout
+    assert said("following its log", r.stdout) and said("fake trainer attempt 1", r.stdout)
     assert took > 1.0, took  # it did not just say so and return
     assert ftl("status", run_id, env=env).returncode == 0
 
@@ -137,7 +138,7 @@ def test_resume_no_follow_returns_at_once(project, fake_trainer):  # noqa: F811
     env = dict(os.environ)
     run_id = json.loads(ftl("train", str(project), "--gpu", "A10G", "--json", env=env).stdout)["id"]
     r = ftl("resume", run_id, "--no-follow", env=env)
-    assert r.returncode == 0 and "is alive" in r.stdout and f"ftlaunch logs -f {run_id}" in r.stdout
+    assert r.returncode == 0 and said("is alive", r.stdout) and said(f"ftlaunch logs -f {run_id}", r.stdout)
     ftl("stop", run_id, "--grace", "5", env=env)
 
 

@@ -123,7 +123,7 @@ def test_a_non_finite_huge_or_negative_number_is_a_clean_error_naming_the_option
     accepted = ctx.params[param.name]
     assert opt in MACHINE_CHECKED, f"{' '.join(path)} {opt} {value} was accepted as {accepted!r}"
     r = CliRunner().invoke(main, [*path, *argv])  # refused before the command does anything
-    assert r.exit_code == 4 and "at most" in r.output, r.output
+    assert r.exit_code == 4 and said("at most", r.output), r.output
     assert not (isolated_home / "runs").exists()
 
 

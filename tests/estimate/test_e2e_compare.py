@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import EXAMPLES, MODEL_CONFIGS, tiny_config, venv_bin, write_yaml
+from ..helpers import said
 
 pytestmark = pytest.mark.e2e
 
@@ -72,7 +73,7 @@ def test_train_simulates_a_tight_plan_first(tiny, tmp_path):
     args += ["--model-config", str(MODEL_CONFIGS / "qwen2.5-1.5b" / "config.json")]
     r = subprocess.run([str(venv_bin() / "ftlaunch"), *args], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
-    assert "plan is tight: simulating" in r.stderr and "simulated peak" in r.stderr
+    assert said("plan is tight: simulating", r.stderr) and said("simulated peak", r.stderr)
     plan = json.loads((Path(json.loads(r.stdout)["run_dir"]) / "plan.json").read_text())
     sim = plan["memory"]["simulated"]
     assert plan["memory"]["verdict"] == "tight" and sim["simulated_peak_gib"] > 20

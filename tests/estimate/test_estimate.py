@@ -22,6 +22,7 @@ from ftlaunch.estimate import throughput as est_tp
 from ftlaunch.run import accounting as acc
 
 from ..conftest import needs_train_stack
+from ..helpers import said
 
 
 def stats_of(lengths, *, cutoff=64, packing=False, raw=None, rows=None, labels=None, stage="sft", **kw):
@@ -494,7 +495,7 @@ def test_a_lost_attempt_counts_until_its_last_sign_of_life():
 def test_commands_have_examples_and_refuse_a_probe_on_another_card():
     assert "Example" in (estimate_cmd.help or "") and "Example" in (plot_cmd.help or "")
     r = CliRunner().invoke(estimate_cmd, ["cfg.yaml", "--gpu", "A100-80GB", "--probe-steps", "10"])
-    assert r.exit_code == 2 and "measures this machine" in r.output
+    assert r.exit_code == 2 and said("measures this machine", r.output)
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -16,6 +16,8 @@ from ftlaunch.plan.memory.simulate import run_child, unsupported
 from ftlaunch.plan.memory.states import trainable_params
 from ftlaunch.plan.modelspec import spec_from_config
 
+from ..helpers import said
+
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "tests" / "data" / "corpus" / "model-configs"
 EXAMPLES = ROOT / "tests" / "data" / "corpus" / "llamafactory-examples"
@@ -43,7 +45,7 @@ def test_import_and_plain_plan_stay_torch_free() -> None:
         "print('HEAVY', [m for m in ('torch','transformers','peft') if m in sys.modules], file=sys.stderr)"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=EXAMPLES, capture_output=True, text=True, timeout=60)
-    assert "HEAVY []" in r.stderr, r.stderr
+    assert said("HEAVY []", r.stderr), r.stderr
     assert json.loads(r.stdout)["memory"]["verdict"] in ("fits", "tight")
 
 

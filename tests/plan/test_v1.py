@@ -18,6 +18,7 @@ from ftlaunch.plan.planner import PlanOptions
 from ftlaunch.run.prepare import PlanRequest, make_plan
 
 from ..conftest import EXAMPLES, ROOT, child_env, have_llamafactory
+from ..helpers import said
 
 V1_EXAMPLES = sorted((EXAMPLES / "examples" / "v1").rglob("*.yaml"))
 # Refused, with the reason: llamafactory 0.9.5's own v1 parser rejects both (unknown cp_size / cp_mode).
@@ -152,7 +153,7 @@ def test_adapted_v1_configs_pass_llamafactorys_v1_parser_and_the_schema_is_curre
         "print('parsed', len(json.load(open(sys.argv[1]))))\n"
     )
     r = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, env=child_env())
-    assert r.returncode == 0 and f"parsed {len(configs)}" in r.stdout, r.stderr[-2000:]
+    assert r.returncode == 0 and said(f"parsed {len(configs)}", r.stdout), r.stderr[-2000:]
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gen_llamafactory_keys.py"), "--check"],
         capture_output=True,

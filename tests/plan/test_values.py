@@ -16,6 +16,8 @@ from ftlaunch.plan.config import load_config, resolve_paths, training_problems
 from ftlaunch.plan.hardware import catalog_hardware, hardware_file_problems
 from ftlaunch.probe.hardware import load_hardware_file
 
+from ..helpers import said
+
 
 def run(*args: str):
     return CliRunner().invoke(main, list(args))
@@ -119,7 +121,7 @@ def test_non_utf8_yaml_is_a_config_error_with_the_offset(tmp_path, monkeypatch, 
     args = ["schedule", "add", "n1", str(cfg), "--cron", "0 2 * * *"] if cmd == "schedule" else [cmd, str(cfg)]
     r = run(*args)
     assert r.exit_code == 3, r.output
-    assert "latin.yaml" in r.output and "UTF-8" in r.output and "offset 24" in r.output
+    assert "latin.yaml" in r.output and "UTF-8" in r.output and said("offset 24", r.output)
     assert "Traceback" not in r.output
 
 
@@ -161,7 +163,7 @@ def test_empty_gpu_name_is_refused(tmp_path):
         catalog_hardware("  ")
     cfg = write(tmp_path, "stage: sft\noutput_dir: out\n")
     r = run("plan", str(cfg), "--gpu", "")
-    assert r.exit_code == 4 and "names no card" in r.output, r.output
+    assert r.exit_code == 4 and said("names no card", r.output), r.output
 
 
 def test_price_for_no_compared_machine_is_refused(tmp_path):

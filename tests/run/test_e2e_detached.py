@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from ..conftest import ROOT, child_env, tiny_config, venv_bin, write_yaml
+from ..helpers import said
 
 pytestmark = pytest.mark.e2e
 INJECT = str(ROOT / "tests" / "inject")
@@ -125,7 +126,7 @@ def test_second_run_on_same_output_dir_is_refused(tiny, tmp_path):
     run = json.loads(ftl("train", str(cfg), "--json", env=slow_env()).stdout)
     wait_for(lambda: status(run["id"])["status"] == "running")
     r = ftl("train", str(cfg), "--json", env=slow_env())
-    assert r.returncode == 7 and "in use" in r.stderr
+    assert r.returncode == 7 and said("in use", r.stderr)
     ftl("stop", run["id"])
 
 
@@ -149,7 +150,7 @@ def test_logs_and_runs(tiny, tmp_path):
     cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, out, max_steps=6))
     r = ftl("train", str(cfg), "--follow", env=slow_env("0.1"))
     assert r.returncode == 0
-    assert "started run" in r.stdout and "train_loss" in r.stdout  # --follow printed the trainer's log
+    assert said("started run", r.stdout) and "train_loss" in r.stdout  # --follow printed the trainer's log
     runs = json.loads(ftl("runs", "--json").stdout)
     assert runs[-1]["status"] == "succeeded" and runs[-1]["step"] == 6
     logs = ftl("logs")

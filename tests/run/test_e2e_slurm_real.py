@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import tiny_config, venv_bin, write_yaml
+from ..helpers import said
 
 pytestmark = pytest.mark.slurm
 
@@ -140,7 +141,7 @@ def test_two_cpu_nodes_train_to_success_without_accounting(tiny, tmp_path, env):
     assert "MASTER_ADDR localhost (NodeAddr of node1) resolved on node1 to 127.0.0.1" in log
     assert json.loads((started["out"] / "trainer_log.jsonl").read_text().splitlines()[-1])["current_steps"] == 16
     r = ftl("resume", started["id"], env=env)
-    assert r.returncode == 0 and "already succeeded" in r.stdout
+    assert r.returncode == 0 and said("already succeeded", r.stdout)
 
 
 def test_scontrol_requeue_is_slurms_and_resumes_from_the_last_checkpoint(tiny, tmp_path, env):
@@ -153,7 +154,7 @@ def test_scontrol_requeue_is_slurms_and_resumes_from_the_last_checkpoint(tiny, t
     assert "requeued_by_slurm" in [e["event"] for e in events(run_dir)]
     # resume while Slurm holds the job: nothing submitted, nothing trained here
     r = ftl("resume", started["id"], env=env)
-    assert r.returncode == 0 and "nothing submitted" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and said("nothing submitted", r.stdout), r.stdout + r.stderr
     assert view(env, started["id"])["slurm_job_id"] == job
     release(job)
     done = wait_for(env, started["id"], lambda v: v["status"] in TERMINAL)
@@ -193,7 +194,7 @@ def test_a_lost_run_resumes_through_sbatch(tiny, tmp_path, env):
     assert lost["slurm_state"] not in ("PENDING", "RUNNING"), lost
     t0 = time.monotonic()
     r = ftl("resume", started["id"], "--no-follow", env=env)
-    assert r.returncode == 0 and "submitted again as Slurm job" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and said("submitted again as Slurm job", r.stdout), r.stdout + r.stderr
     assert time.monotonic() - t0 < 30  # it submitted; it did not train here
     new_job = view(env, started["id"])["slurm_job_id"]
     assert new_job != job
@@ -209,7 +210,7 @@ def test_stop_a_pending_and_a_running_job(tiny, tmp_path, env):
     pending = submit(tiny, tmp_path, env, "--sbatch-arg=--begin=now+600", name="pending")
     assert view(env, pending["id"])["status"] == "queued"
     r = ftl("stop", pending["id"], env=env)
-    assert r.returncode == 0 and "cancelled while pending" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and said("cancelled while pending", r.stdout), r.stdout + r.stderr
     assert view(env, pending["id"])["status"] == "stopped"
 
     running = submit(tiny, tmp_path, env, name="running", num_train_epochs=2.0)
@@ -275,6 +276,6 @@ def test_a_job_sbatch_refuses_leaves_nothing_behind(tiny, tmp_path, env, isolate
     cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, tmp_path / "out"))
     r = ftl("train", str(cfg), "--slurm", "--nodes", "2", "--gpu", "none", "--partition", "nosuch", env=env)
     assert r.returncode == 13, r.stdout + r.stderr
-    assert "sbatch refused the job (sbatch exit 1)" in r.stderr and "invalid partition" in r.stderr, r.stderr
+    assert said("sbatch refused the job (sbatch exit 1)", r.stderr) and said("invalid partition", r.stderr), r.stderr
     assert not list((isolated_home / "runs").glob("*")), "a refused job left a run behind"
     assert ftl("runs", "--json", env=env).stdout.strip() == "[]"

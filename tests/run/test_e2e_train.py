@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from ..conftest import child_env, tiny_config, venv_bin, write_yaml
+from ..helpers import said
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +74,7 @@ def test_plan_is_fast_and_light(tmp_path):
         [str(venv_bin() / "python"), "-c", code], cwd=EXAMPLES, capture_output=True, text=True, env=child_env()
     )
     wall = time.perf_counter() - t0
-    assert "HEAVY []" in r.stderr, r.stderr
+    assert said("HEAVY []", r.stderr), r.stderr
     plan = json.loads(r.stdout)
     assert plan["config"]["fp16"] is True
     print(f"plan wall time {wall:.2f}s")

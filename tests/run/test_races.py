@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from ..fake_trainer import install, write_config
+from ..helpers import said
 
 ITERATIONS = int(os.environ.get("FTLAUNCH_RACE_ITERATIONS", "5"))
 
@@ -153,4 +154,4 @@ def test_two_resumes_of_a_stopped_run_restart_it_once_and_stop_stops_it_once(tmp
     time.sleep(1.0)  # a stop counted as a crash would restart the trainer within this
     assert starts(tmp_path) == 2 and not supervisors_of(run_dir)
     again = stop(run_dir, env)
-    assert "already stopped" in again.stdout
+    assert said("already stopped", again.stdout)

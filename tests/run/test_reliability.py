@@ -24,6 +24,7 @@ from ftlaunch.run.view import find_run
 
 from ..conftest import needs_train_stack
 from ..fake_trainer import configs_seen, install, write_checkpoint, write_config
+from ..helpers import said
 
 OOM_MSG = (
     "Traceback\n  File x, in training_step\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
@@ -108,7 +109,7 @@ def test_case1_own_unfinished_run_continues_a_succeeded_one_is_not_silently_redo
     (second,) = [r for r in runs(isolated_home) if r != first]
     assert "continuing run" in read_state(second).adopted_because
     r = train(cfg)  # that one succeeded: a fresh train would train nothing and say "succeeded"
-    assert r.exit_code == 7 and "already succeeded" in r.output
+    assert r.exit_code == 7 and said("already succeeded", r.output)
     assert starts(tmp_path) == 2
 
 
@@ -251,7 +252,7 @@ def test_case6_resume_override_that_changes_the_global_batch_needs_the_flag(tmp_
     r = cli("resume", run_dir.name, "per_device_train_batch_size=-1", "--foreground")
     assert r.exit_code == 3 and "per_device_train_batch_size" in r.output
     r = cli("resume", run_dir.name, "per_device_train_batch_size=3", "--foreground")
-    assert r.exit_code == 3 and "global batch: 4 -> 6" in r.output and "--allow-global-batch-change" in r.output
+    assert r.exit_code == 3 and said("global batch: 4 -> 6", r.output) and "--allow-global-batch-change" in r.output
     assert starts(tmp_path) == 1
     r = cli("resume", run_dir.name, "per_device_train_batch_size=3", "--foreground", "--allow-global-batch-change")
     assert r.exit_code == 0, r.output
@@ -266,7 +267,7 @@ def test_case6_resume_override_that_changes_the_global_batch_needs_the_flag(tmp_
 def test_case7_unwritable_output_dir_is_found_before_started(tmp_path, fake, isolated_home):
     (tmp_path / "a-file").write_text("x")
     r = cli("train", str(config(tmp_path, output_dir=str(tmp_path / "a-file" / "out"))), "--gpu", "A10G")
-    assert r.exit_code == 3 and "not writable" in r.output and "started" not in r.output
+    assert r.exit_code == 3 and said("not writable", r.output) and "started" not in r.output
     assert runs(isolated_home) == [] and starts(tmp_path) == 0
 
 

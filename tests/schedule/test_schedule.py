@@ -277,14 +277,14 @@ def test_add_remove_round_trip_leaves_foreign_lines_byte_identical(project, scra
     scratch_crontab.write_text(FOREIGN)
     r = add("nightly", project, "--keep", "3")
     assert r.exit_code == 0, r.output
-    assert "added schedule nightly" in r.output
+    assert said("added schedule nightly", r.output)
     r = add("weekly", project, cron="@weekly")
     assert r.exit_code == 0, r.output
     text = scratch_crontab.read_text()
     assert text.startswith(FOREIGN)
     assert set(entries(text)) == {"nightly", "weekly"}
     r = cli("remove", "nightly")
-    assert r.exit_code == 0 and "crontab line removed" in r.output, r.output
+    assert r.exit_code == 0 and said("crontab line removed", r.output), r.output
     assert set(entries(scratch_crontab.read_text())) == {"weekly"}
     assert scratch_crontab.read_text().startswith(FOREIGN)
     assert cli("remove", "weekly").exit_code == 0
@@ -330,7 +330,7 @@ def test_print_registers_and_prints_but_installs_nothing(project, scratch_cronta
     out = r.stdout
     assert "schedule run nightly" in out and "# ftlaunch-schedule:nightly" in out
     assert "[Timer]\nOnCalendar=*-*-* 02:00:00\n" in out and "ExecStart=" in out
-    assert "nothing installed" in r.stderr
+    assert said("nothing installed", r.stderr)
     assert record(isolated_home, "nightly")["installed"] == "manual"
     assert cli("remove", "nightly").exit_code == 0
     assert scratch_crontab.read_bytes() == FOREIGN.encode() and crontab_writes(tmp_path) == 0
