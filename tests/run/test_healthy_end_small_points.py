@@ -172,4 +172,7 @@ def test_status_while_recovering_shows_the_resume_point_and_an_eta_from_it_never
     assert len(loading) > 10 and all(step == 4 for _, step, _ in loading), loading
     # 20 steps left from checkpoint-4 at the first attempt's ~5 steps/s: ~4 s, refreshed every second
     # (it was counted down from the first attempt's step to 0m00s after ~4 s of loading)
-    assert all(eta is not None and eta >= 1.5 for _, _, eta in loading), loading
+    # Never a countdown to 0m00s. Under heavy load the supervisor may read the first attempt's four
+    # steps in one poll, and then has no rate to count with: no ETA ("-"), never a wrong one.
+    etas = [eta for _, _, eta in loading]
+    assert all(eta is None or eta >= 1.5 for eta in etas), loading
