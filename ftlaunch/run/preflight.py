@@ -121,6 +121,12 @@ def config_text(p: Plan) -> str:
     return dump_yaml(p.config, p.header)
 
 
+def child_item(item_id: str, p: Plan, env: Mapping[str, str]) -> dict[str, Any]:
+    """One config for a batch of the parser child (``check_configs``): what it reads, the parse env
+    and the card it emulates."""
+    return {"id": item_id, "yaml": config_text(p), "env": parse_env(env, p.env), "card": card_of(p.hardware)}
+
+
 def cache_key(
     text: str, penv: Mapping[str, str], card: Mapping[str, Any] | None, fingerprint: str, assume: bool = False
 ) -> str:

@@ -37,7 +37,7 @@ from ftlaunch.errors import DoesNotFitError, FtlaunchError, HardwareError
 from ftlaunch.plan.config import dump_yaml
 from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.plan.planner import Plan
-from ftlaunch.run.preflight import card_of, check_configs, config_text, parse_env
+from ftlaunch.run.preflight import card_of, check_configs, child_item
 from ftlaunch.run.prepare import PlanRequest, make_plan
 
 from ..conftest import EXAMPLES, have_llamafactory
@@ -241,15 +241,7 @@ def cases(tmp_path_factory, request) -> list[Case]:
         _plan(case, env, adapted)
     t_plan = time.monotonic() - t0
     planned = [c for c in all_cases if c.plan is not None]
-    items = [
-        {
-            "id": c.label,
-            "yaml": config_text(c.plan),
-            "env": parse_env(env, c.plan.env),
-            "card": card_of(c.plan.hardware),
-        }
-        for c in planned
-    ]
+    items = [child_item(c.label, c.plan, env) for c in planned]
     # An example ftlaunch refuses for keys it does not know: does LLaMA-Factory 0.9.5 itself refuse the source
     # (written for a newer LLaMA-Factory, or for mcore_adapter)? Then that refusal is right: listed, not failed.
     unknown = sorted(

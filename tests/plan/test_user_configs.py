@@ -48,7 +48,7 @@ import yaml
 from ftlaunch.errors import FtlaunchError
 from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.plan.planner import Plan
-from ftlaunch.run.preflight import card_of, check_configs, config_text, parse_env
+from ftlaunch.run.preflight import card_of, check_configs, child_item
 from ftlaunch.run.prepare import PlanRequest, make_plan
 
 from ..conftest import EXAMPLES, MODEL_CONFIGS, ROOT, have_llamafactory
@@ -251,15 +251,7 @@ def collect(work: Path, env: Mapping[str, str]) -> Run:
         plan_case(case, env, root)
     t_plan = time.monotonic() - t0
     planned = [c for c in cases if c.plan is not None]
-    items = [
-        {
-            "id": c.label,
-            "yaml": config_text(c.plan),
-            "env": parse_env(env, c.plan.env),
-            "card": card_of(c.plan.hardware),
-        }
-        for c in planned
-    ]
+    items = [child_item(c.label, c.plan, env) for c in planned]
     cards = {card: card_of(catalog_hardware(card)) for card in CARDS}
     originals = [
         {"id": f"source:{c.label}", "yaml": source_text(c.source, root), "env": {}, "card": cards[c.card]}
