@@ -120,13 +120,30 @@ class TimeEstimate:
     def wall_hours(self) -> list[float] | None:
         if self.wall_seconds is None:
             return None
-        return [round(self.wall_seconds[0] / 3600, 4), round(self.wall_seconds[1] / 3600, 4)]
+        return _outward(self.wall_seconds[0] / 3600, self.wall_seconds[1] / 3600)
+
+    @property
+    def central_shown(self) -> float | None:
+        """The central wall time in seconds as printed (0.1 s), never outside the printed range
+        (a short run's range can be narrower than the rounding: 8.64 s <= 8.6 s failed once)."""
+        if self.central_seconds is None:
+            return None
+        c = round(self.central_seconds, 1)
+        hours = self.wall_hours
+        return c if hours is None else min(max(c, hours[0] * 3600), hours[1] * 3600)
 
     @property
     def gpu_hours(self) -> list[float] | None:
         if self.wall_seconds is None:
             return None
-        return [round(gpu_hours(s, self.gpus), 4) for s in self.wall_seconds]
+        return _outward(*(gpu_hours(s, self.gpus) for s in self.wall_seconds))
+
+
+def _outward(low: float, high: float, places: int = 6) -> list[float]:
+    """A range rounded outwards: the low end down, the high end up, so it still holds every value
+    it held (rounding both to nearest moved a seconds-long range past its own central value)."""
+    f = 10**places
+    return [math.floor(low * f) / f, math.ceil(high * f) / f]
 
 
 @dataclass(frozen=True)
@@ -340,7 +357,7 @@ class Estimate:
             "probe": None if self.probe is None else {k: _r(v) for k, v in self.probe.to_dict().items()},
             "time_source": self.time.source,
             "wall_hours": self.time.wall_hours,
-            "wall_seconds_central": None if self.time.central_seconds is None else round(self.time.central_seconds, 1),
+            "wall_seconds_central": self.time.central_shown,
             "train_seconds_central": None if self.time.train_central is None else round(self.time.train_central, 1),
             "run_tokens": round(run_tokens(self.stats, self.steps)),
             "gpu_hours": self.time.gpu_hours,

@@ -144,6 +144,24 @@ def remove_partial(out: Path, weights_only: bool = False) -> Removed:
     return Removed(tuple(names), freed)
 
 
+def free_for_next_save(out: Path, fc: DiskForecast, step: int, nxt: int) -> int:
+    """Free bytes the save at ``nxt`` will find, judged at ``step`` (the latest step record read).
+
+    HF logs step N before it saves checkpoint-N, so a poll may land while a save is under way:
+    - the folder of the save at ``nxt`` (if this poll read the step late) was free space before it;
+    - a save at ``step`` itself that is not complete yet has still to write what it lacks, and that
+      is not free for ``nxt`` (counting it free stopped a run that had room for both, issue 37's CI).
+    """
+    free = free_bytes(out) + tree_bytes(out / f"checkpoint-{nxt}")
+    if step != nxt and fc.next_save_after(step - 1) == step:
+        current = out / f"checkpoint-{step}"
+        if not current.is_dir():
+            free -= fc.checkpoint_bytes
+        elif prog.checkpoint_problems(current, fc.weights_only):
+            free -= max(0, fc.checkpoint_bytes - tree_bytes(current))
+    return free
+
+
 def disk_message(path: str | Path, checkpoint_bytes: int | None, free: int | None = None) -> str:
     """'<filesystem> has <free> free; one checkpoint takes <size>': for a disk_full end or refusal."""
     free = free_bytes(path) if free is None else free

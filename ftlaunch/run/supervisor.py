@@ -31,7 +31,14 @@ from ftlaunch.run import environment
 from ftlaunch.run import progress as prog
 from ftlaunch.run import records as run_records
 from ftlaunch.run.checkpoints import CheckpointWatch, set_aside_incomplete
-from ftlaunch.run.disk import DISK_HINT, disk_message, enospc_in, enospc_line, free_bytes, remove_partial
+from ftlaunch.run.disk import (
+    DISK_HINT,
+    disk_message,
+    enospc_in,
+    enospc_line,
+    free_for_next_save,
+    remove_partial,
+)
 from ftlaunch.run.gpuwait import GpuWait, nvml_probes, wait_gpu_released
 from ftlaunch.run.health import Response
 from ftlaunch.run.journal import OutputLog, RunJournal, quiet_print, quiet_std_streams
@@ -470,9 +477,7 @@ class Supervisor:
         if nxt is None or nxt - step > max(1, round((steps_per_second or 0.0) * 10)):
             return None
         try:
-            # The save may already be under way (this poll read the step late): what its folder
-            # holds was free space before it, so judge the save as a whole, not its remainder.
-            free = free_bytes(out) + tree_bytes(out / f"checkpoint-{nxt}")
+            free = free_for_next_save(out, fc, step, nxt)  # a save under way counted as it will end
         except OSError:
             return None
         if enough_for_save(fc, free):

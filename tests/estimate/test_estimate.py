@@ -272,12 +272,22 @@ def test_time_from_probe_range():
     assert t.train_seconds == pytest.approx((85.0, 115.0))
     assert t.wall_seconds == pytest.approx((97.0, 127.0))
     assert t.central_seconds == pytest.approx(112.0)
-    assert t.wall_hours == [round(97 / 3600, 4), round(127 / 3600, 4)]
-    assert t.gpu_hours == [round(2 * 97 / 3600, 4), round(2 * 127 / 3600, 4)]
+    # rounded outwards to a microhour: the range still holds the seconds it was made of
+    assert t.wall_hours == [0.026944, 0.035278] and t.gpu_hours == [0.053888, 0.070556]
+    low, high = (h * 3600 for h in t.wall_hours)
+    assert low <= 97.0 and high >= 127.0 and low <= t.central_shown <= high
     # by steps and by tokens disagree: the range spans both
     t2 = est.time_from_probe(run_shape(tokens=12_000.0), th, margin=0.0)
     assert t2.train_seconds == pytest.approx((100.0, 120.0)) and t2.train_central == pytest.approx(120.0)
     assert any("restarts" in a for a in t.assumptions)
+
+
+def test_central_wall_time_never_prints_outside_its_range():
+    """A seconds-long run whose range is narrower than the 0.1 s rounding of its central value
+    (the CI's e2e estimate printed 8.6 s beside a range from 8.64 s)."""
+    t = est.TimeEstimate("probe", (8.6399, 8.66), 8.6399, None, None, (0.0, 0.0), gpus=0)
+    low, high = (h * 3600 for h in t.wall_hours)
+    assert low <= t.central_shown <= high and low <= 8.6399 <= high
 
 
 def test_time_from_flops_is_a_labelled_guess():

