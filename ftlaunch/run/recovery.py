@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -19,10 +20,9 @@ from ftlaunch.plan.offload import ZERO3_OFFLOAD
 from ftlaunch.run.state import Budget, FailureKind, RunStatus
 
 # The restart brake (issue 20; NVIDIA's launcher stops after 3 restart cycles whose checkpoint did not
-# advance): attempts in a row that end in a failure retried with the same config and save no new
-# checkpoint. Larger crash or stall budgets the user asked for are honoured.
+# advance): attempts in a row that end in a failure retried with the same config (POLICIES' braked
+# rows) and save no new checkpoint. Larger crash or stall budgets the user asked for are honoured.
 NO_PROGRESS_LIMIT = 3
-_SAME_CONFIG = (FailureKind.CRASH, FailureKind.HOST_OOM, FailureKind.STALLED)
 
 # Torchrun prefixes child lines with "[rank0]:"; we search the whole attempt's log.
 _CUDA_OOM = re.compile(
@@ -86,34 +86,72 @@ def _line_of(text: str, pos: int) -> str:
     return re.sub(r"^\[rank\d+\]:\s*", "", line)[:400]
 
 
-def classify(returncode: int, log: str, *, stop_requested: bool = False) -> Exit:
-    """What ended the attempt, from its exit code and its whole log."""
-    if stop_requested:
-        return Exit(FailureKind.STOPPED, "stopped by the user")
-    oom = _last_match(_CUDA_OOM, log)
-    if returncode == 0 and oom is None:
+def _success(returncode: int, log: str) -> Exit | None:
+    if returncode == 0 and _last_match(_CUDA_OOM, log) is None:  # an OOM a wrapper survived is no success
         return Exit(None, "training finished")
-    if rendezvous := _RENDEZVOUS.search(log):  # ftlaunch.run.slurm.rendezvous: the same nodes, the same network
-        return Exit(FailureKind.RENDEZVOUS, rendezvous.group(0).strip())
-    if oom is not None:
-        # Which loop ran out: the frames printed just before the error name it.
-        before = log[max(0, oom.start() - 8000) : oom.start()]
-        ev, tr = _last_match(_EVAL_FRAMES, before), _last_match(_TRAIN_FRAMES, before)
-        in_eval = ev is not None and (tr is None or ev.start() > tr.start())
-        kind = FailureKind.EVAL_OOM if in_eval else FailureKind.CUDA_OOM
-        return Exit(kind, _line_of(log, oom.start()), oom_numbers(log[oom.start() : oom.start() + 2000]))
+    return None
+
+
+def _rendezvous(returncode: int, log: str) -> Exit | None:
+    # ftlaunch.run.slurm.rendezvous: a retry meets the same nodes and the same network
+    found = _RENDEZVOUS.search(log)
+    return Exit(FailureKind.RENDEZVOUS, found.group(0).strip()) if found else None
+
+
+def _cuda_oom(returncode: int, log: str) -> Exit | None:
+    oom = _last_match(_CUDA_OOM, log)
+    if oom is None:
+        return None
+    # Which loop ran out: the frames printed just before the error name it.
+    before = log[max(0, oom.start() - 8000) : oom.start()]
+    ev, tr = _last_match(_EVAL_FRAMES, before), _last_match(_TRAIN_FRAMES, before)
+    in_eval = ev is not None and (tr is None or ev.start() > tr.start())
+    kind = FailureKind.EVAL_OOM if in_eval else FailureKind.CUDA_OOM
+    return Exit(kind, _line_of(log, oom.start()), oom_numbers(log[oom.start() : oom.start() + 2000]))
+
+
+def _bare_sigkill(returncode: int, log: str) -> Exit | None:
     if returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) and "Traceback" not in log[-20000:]:
         # What sent the SIGKILL is not known from here; the supervisor asks the kernel log.
         return Exit(FailureKind.HOST_OOM, f"killed by signal 9 (exit {returncode}) with no traceback")
+    return None
+
+
+def _exception(returncode: int, log: str) -> Exit | None:
     errors = [m for m in _EXC_LINE.finditer(log) if not m.group(1).endswith(_WRAPPERS)]
-    if errors:
-        last = errors[-1]
-        etype, msg = last.group(1).rsplit(".", 1)[-1], last.group(2)
-        if etype in _CONFIG_TYPES or (etype in ("ValueError", "OSError") and _CONFIG_MESSAGES.search(msg)):
-            return Exit(FailureKind.CONFIG, _line_of(log, last.start()), {"exception": etype})
-        return Exit(FailureKind.CRASH, f"exit code {returncode}: {_line_of(log, last.start())}", {"exception": etype})
+    if not errors:
+        return None
+    last = errors[-1]
+    etype, msg = last.group(1).rsplit(".", 1)[-1], last.group(2)
+    if etype in _CONFIG_TYPES or (etype in ("ValueError", "OSError") and _CONFIG_MESSAGES.search(msg)):
+        return Exit(FailureKind.CONFIG, _line_of(log, last.start()), {"exception": etype})
+    return Exit(FailureKind.CRASH, f"exit code {returncode}: {_line_of(log, last.start())}", {"exception": etype})
+
+
+def _last_line(returncode: int, log: str) -> Exit:
     tail = [ln for ln in log.strip().splitlines() if ln.strip()][-1:] or [""]
     return Exit(FailureKind.CRASH, f"exit code {returncode}: {tail[0].strip()[:300]}")
+
+
+# The classification table: the first row that matches an attempt's (exit code, whole log) names what
+# ended it. Order matters: a success is one with no OOM anywhere; an OOM is told before a bare SIGKILL
+# (the kernel may kill a trainer that already printed one); a traceback's last exception before the
+# last line. A new failure class adds one row here (most are a regex: a search of the log).
+PATTERNS: tuple[Callable[[int, str], Exit | None], ...] = (
+    _success,
+    _rendezvous,
+    _cuda_oom,
+    _bare_sigkill,
+    _exception,
+    _last_line,
+)
+
+
+def classify(returncode: int, log: str, *, stop_requested: bool = False) -> Exit:
+    """What ended the attempt, from its exit code and its whole log: the first row of PATTERNS that matches."""
+    if stop_requested:
+        return Exit(FailureKind.STOPPED, "stopped by the user")
+    return next(ex for row in PATTERNS if (ex := row(returncode, log)) is not None)
 
 
 def without_steps(ex: Exit, stepped: bool) -> Exit:
@@ -276,6 +314,66 @@ def next_to_try(config: dict[str, Any], offload_ok: bool) -> str:
     return "; next try " + ", ".join(ideas) + " (`ftlaunch plan CONFIG --gpu CARD` shows what fits)"
 
 
+class Retry(StrEnum):
+    """How a failure class is retried."""
+
+    NEVER = "never"  # the same config fails the same way (a config error, a full disk, the network)
+    SHRINK = "shrink"  # the OOM ladder: a smaller micro-batch (global batch kept), then offload
+    SAME = "same"  # the same config again, from the last complete checkpoint
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One row of the policy table: what a failure class does next.
+
+    ``budget`` names Budget's ``{budget}_max``/``{budget}_used`` (the OOM budget counts the distinct
+    configs in ``tried``); ``refills``: a new checkpoint empties the count; ``braked``: it counts toward
+    the restart brake; ``ends``: the status when not retried or the budget is spent (None: failed)."""
+
+    retry: Retry
+    budget: str | None = None
+    refills: bool = False
+    braked: bool = False
+    ends: RunStatus | None = None
+    label: str = ""  # what the [n/max] line calls it
+    verb: str = "retrying"
+    note: str = "not retried"  # NEVER: why; SAME: what a spent budget says, with {n} the attempts
+    spent: str = ""
+
+
+_CRASH = Policy(Retry.SAME, "crash", refills=True, braked=True, label="crash", spent="crashed {n} times, giving up")
+
+# The policy table: one row per failure class that recovery decides about.
+POLICIES: dict[FailureKind, Policy] = {
+    FailureKind.CONFIG: Policy(Retry.NEVER, note="a config error: not retried"),
+    FailureKind.SETUP: Policy(Retry.NEVER, note="a config error: not retried"),
+    FailureKind.RENDEZVOUS: Policy(Retry.NEVER),  # a retry meets the same addresses and network
+    FailureKind.DISK_FULL: Policy(Retry.NEVER, ends=RunStatus.DISK_FULL),  # the same save, the same full disk
+    FailureKind.CUDA_OOM: Policy(Retry.SHRINK, "oom", refills=True, label="OOM"),
+    FailureKind.EVAL_OOM: Policy(Retry.SHRINK, "oom", refills=True, label="OOM in evaluation"),
+    FailureKind.STALLED: Policy(
+        Retry.SAME,
+        "stall",
+        refills=True,
+        braked=True,
+        ends=RunStatus.STALLED,
+        label="stalled",
+        verb="restarting",
+        spent="stalled {n} times, giving up (the stacks are in the run folder)",
+    ),
+    FailureKind.HOST_OOM: replace(_CRASH, label="host OOM"),
+    FailureKind.CRASH: _CRASH,
+}
+
+
+_UNLISTED = replace(_CRASH, braked=False)
+
+
+def policy_of(kind: FailureKind | None) -> Policy:
+    """A class's row; one the table does not list (and a success or a stop) is an unbraked crash."""
+    return POLICIES.get(kind, _UNLISTED) if kind is not None else _UNLISTED
+
+
 def decide(
     ex: Exit,
     config: dict[str, Any],
@@ -289,23 +387,16 @@ def decide(
     no_progress: int = 0,
 ) -> Decision:
     """Decide after an attempt ended. ``progressed``: a checkpoint beyond any earlier one landed
-    during it: the crash and stall budgets refill (progress between failures is not a loop).
+    during it: the refilling budgets refill (progress between failures is not a loop).
     ``no_progress``: the brake's count before this attempt (from the run's state)."""
-    d = _decide(
-        ex,
-        config,
-        _refilled(budget) if progressed else budget,
-        recover=recover,
-        progressed=progressed,
-        offload_ok=offload_ok,
-        step=step,
-        resume_from=resume_from,
-    )
-    count = 0 if progressed else no_progress + (1 if ex.kind in _SAME_CONFIG else 0)
-    limit = max(NO_PROGRESS_LIMIT, budget.crash_max + 1, budget.stall_max + 1)
-    # Stall restarts spent end `stalled` (their own budget); a retry or a spent crash budget is braked.
+    policy = policy_of(ex.kind)
+    at = _Where(step, resume_from)
+    d = _decide(ex, policy, config, _refilled(budget, progressed), recover, progressed, offload_ok, at)
+    count = 0 if progressed else no_progress + (1 if policy.braked else 0)
+    limit = max([NO_PROGRESS_LIMIT] + [_max(budget, p) + 1 for p in POLICIES.values() if p.braked])
+    # A budget spent that ends in its own status (stalled) is not braked; a retry or a plain failure is.
     braked = d.action is Action.RETRY or (d.action is Action.FAIL and d.ends is None)
-    if braked and ex.kind in _SAME_CONFIG and count >= limit:
+    if braked and policy.braked and count >= limit:
         where = f" (last at step {step}: {ex.message})" if step is not None else f" (last: {ex.message})"
         return Decision(
             Action.FAIL,
@@ -318,90 +409,107 @@ def decide(
     return replace(d, no_progress=count)
 
 
-def _refilled(budget: Budget) -> Budget:
-    return replace(budget, crash_used=0, stall_used=0)
+def _max(budget: Budget, p: Policy) -> int:
+    return int(getattr(budget, f"{p.budget}_max"))
+
+
+def _refilled(budget: Budget, progressed: bool) -> Budget:
+    """On progress, the attempt-counted budgets that refill start again (the OOM ladder's ``tried``
+    restarts at its own decision)."""
+    if not progressed:
+        return budget
+    counted = {p.budget for p in POLICIES.values() if p.refills and p.retry is Retry.SAME}
+    return replace(budget, **{f"{b}_used": 0 for b in sorted(counted)})
+
+
+@dataclass(frozen=True)
+class _Where:
+    step: int | None
+    resume_from: str | None
+
+    @property
+    def step_text(self) -> str:
+        return f" at step {self.step}" if self.step is not None else ""
+
+    @property
+    def origin(self) -> str:
+        return f"from {self.resume_from}" if self.resume_from else "from the start (no complete checkpoint yet)"
 
 
 def _decide(
     ex: Exit,
+    policy: Policy,
     config: dict[str, Any],
     budget: Budget,
-    *,
     recover: bool,
     progressed: bool,
     offload_ok: bool,
-    step: int | None,
-    resume_from: str | None,
+    at: _Where,
 ) -> Decision:
+    """One end of an attempt, by its row of the policy table (a success and a stop have none)."""
     if ex.kind is None:
         return Decision(Action.SUCCEED, "training finished", budget=budget)
     if ex.kind is FailureKind.STOPPED:
         return Decision(Action.STOP, "stopped by the user; resume with `ftlaunch resume`", budget=budget)
-    if ex.kind in (FailureKind.CONFIG, FailureKind.SETUP):
-        return Decision(Action.FAIL, f"{ex.message} (a config error: not retried)", budget=budget)
-    if ex.kind is FailureKind.RENDEZVOUS:  # a retry meets the same addresses and network
-        return Decision(Action.FAIL, f"{ex.message} (not retried)", budget=budget)
-    if ex.kind is FailureKind.DISK_FULL:  # retrying writes the same checkpoint into the same full disk
-        return Decision(Action.FAIL, f"{ex.message} (not retried)", budget=budget, ends=RunStatus.DISK_FULL)
+    if policy.retry is Retry.NEVER:
+        return Decision(Action.FAIL, f"{ex.message} ({policy.note})", budget=budget, ends=policy.ends)
     if not recover:
         return Decision(Action.FAIL, f"{ex.message} (recovery off)", budget=budget)
-    where = f" at step {step}" if step is not None else ""
-    origin = f"from {resume_from}" if resume_from else "from the start (no complete checkpoint yet)"
-    if ex.kind in (FailureKind.CUDA_OOM, FailureKind.EVAL_OOM):
-        tried = () if progressed else budget.tried
-        sig = signature(config)
-        tried = tried if sig in tried else (*tried, sig)
-        n = len(tried)
-        retries_left = budget.oom_max - n + 1
-        spent = replace(budget, oom_used=n, tried=tried)
-        if is_v1(config):
-            v1 = _v1_oom_step(config)
-            if v1 is None:
-                return Decision(
-                    Action.FAIL,
-                    "out of memory at micro_batch_size 1 (a USE_V1 config): this config does not fit this card"
-                    + next_to_try(config, offload_ok),
-                    budget=spent,
-                )
-            edits, what = v1
-        elif ex.kind is FailureKind.EVAL_OOM:
-            ev = int(config.get("per_device_eval_batch_size", 8) or 8)
-            if ev <= 1:
-                return Decision(Action.FAIL, "OOM during evaluation at eval batch 1: giving up", budget=spent)
-            smaller = max(1, ev // 2) if retries_left > 1 else 1
-            edits, what = {"per_device_eval_batch_size": smaller}, f"eval batch {smaller}"
-        else:
-            step_ = oom_step(config, offload_ok, retries_left=retries_left, numbers=ex.detail or None)
-            if step_ is None:
-                have = "gradient checkpointing on" + (" and ZeRO-3 CPU offload" if config.get("deepspeed") else "")
-                return Decision(
-                    Action.FAIL,
-                    f"out of memory at micro-batch 1 with {have}: this config does not fit this card"
-                    + next_to_try(config, offload_ok),
-                    budget=spent,
-                )
-            edits, what = step_
-        micro = config.get("micro_batch_size" if is_v1(config) else "per_device_train_batch_size")
-        label = "OOM in evaluation" if ex.kind is FailureKind.EVAL_OOM else "OOM"
-        count = f"[{n}/{budget.oom_max}]" if n <= budget.oom_max else f"[{n}/{budget.oom_max}, bottom of the ladder]"
-        msg = f"{count} {label}{where} (micro-batch {micro}): retrying with {what} {origin}"
-        why = f"{label}{where}: {what}"
-        changes = tuple(Change(k, config.get(k), v, why) for k, v in edits.items())
-        return Decision(Action.RETRY, msg, changes, spent)
-    if ex.kind is FailureKind.STALLED:
-        n = budget.stall_used + 1
-        if n > budget.stall_max:
-            return Decision(
-                Action.FAIL,
-                f"{ex.message}: stalled {budget.stall_max + 1} times, giving up (the stacks are in the run folder)",
-                budget=budget,
-                ends=RunStatus.STALLED,
+    if policy.retry is Retry.SHRINK:
+        return _shrink(ex, policy, config, budget, progressed, offload_ok, at)
+    n = int(getattr(budget, f"{policy.budget}_used")) + 1
+    most = _max(budget, policy)
+    if n > most:
+        spent = policy.spent.format(n=most + 1)
+        return Decision(Action.FAIL, f"{ex.message}: {spent}", budget=budget, ends=policy.ends)
+    msg = f"[{n}/{most}] {policy.label}{at.step_text} ({ex.message}): {policy.verb} with the same config {at.origin}"
+    return Decision(Action.RETRY, msg, (), replace(budget, **{f"{policy.budget}_used": n}))
+
+
+def _shrink(
+    ex: Exit, policy: Policy, config: dict[str, Any], budget: Budget, progressed: bool, offload_ok: bool, at: _Where
+) -> Decision:
+    """The OOM ladder: the next memory-saving step, or the give-up that says what to try next. The
+    budget counts the distinct configs that ran out of memory since the last progress."""
+    tried = () if progressed and policy.refills else budget.tried
+    sig = signature(config)
+    tried = tried if sig in tried else (*tried, sig)
+    n = len(tried)
+    spent = replace(budget, oom_used=n, tried=tried)
+    step = _shrink_step(ex, config, offload_ok, budget.oom_max - n + 1)
+    if isinstance(step, str):
+        return Decision(Action.FAIL, step, budget=spent)
+    edits, what = step
+    micro = config.get("micro_batch_size" if is_v1(config) else "per_device_train_batch_size")
+    count = f"[{n}/{budget.oom_max}]" if n <= budget.oom_max else f"[{n}/{budget.oom_max}, bottom of the ladder]"
+    msg = f"{count} {policy.label}{at.step_text} (micro-batch {micro}): retrying with {what} {at.origin}"
+    why = f"{policy.label}{at.step_text}: {what}"
+    changes = tuple(Change(k, config.get(k), v, why) for k, v in edits.items())
+    return Decision(Action.RETRY, msg, changes, spent)
+
+
+def _shrink_step(
+    ex: Exit, config: dict[str, Any], offload_ok: bool, retries_left: int
+) -> tuple[dict[str, Any], str] | str:
+    """(edits, what) for the next OOM attempt, or why the ladder gives up."""
+    if is_v1(config):
+        v1 = _v1_oom_step(config)
+        if v1 is None:
+            return (
+                "out of memory at micro_batch_size 1 (a USE_V1 config): this config does not fit this card"
+                + next_to_try(config, offload_ok)
             )
-        msg = f"[{n}/{budget.stall_max}] stalled{where} ({ex.message}): restarting with the same config {origin}"
-        return Decision(Action.RETRY, msg, (), replace(budget, stall_used=n))
-    n = budget.crash_used + 1
-    if n > budget.crash_max:
-        return Decision(Action.FAIL, f"{ex.message}: crashed {budget.crash_max + 1} times, giving up", budget=budget)
-    label = "host OOM" if ex.kind is FailureKind.HOST_OOM else "crash"
-    msg = f"[{n}/{budget.crash_max}] {label}{where} ({ex.message}): retrying with the same config {origin}"
-    return Decision(Action.RETRY, msg, (), replace(budget, crash_used=n))
+        return v1
+    if ex.kind is FailureKind.EVAL_OOM:
+        ev = int(config.get("per_device_eval_batch_size", 8) or 8)
+        if ev <= 1:
+            return "OOM during evaluation at eval batch 1: giving up"
+        smaller = max(1, ev // 2) if retries_left > 1 else 1
+        return {"per_device_eval_batch_size": smaller}, f"eval batch {smaller}"
+    step_ = oom_step(config, offload_ok, retries_left=retries_left, numbers=ex.detail or None)
+    if step_ is None:
+        have = "gradient checkpointing on" + (" and ZeRO-3 CPU offload" if config.get("deepspeed") else "")
+        return f"out of memory at micro-batch 1 with {have}: this config does not fit this card" + next_to_try(
+            config, offload_ok
+        )
+    return step_
