@@ -30,6 +30,7 @@ class ExitCode(IntEnum):
     NO_PROGRESS = 16  # attempts kept failing without a new checkpoint (restart brake); not requeued
     DISK_FULL = 17  # the output_dir's filesystem cannot hold a checkpoint (refused, or ENOSPC while saving)
     ENV_CHANGED = 18  # a package that decides training changed since the checkpoint to resume was made
+    NOTIFY_CONFIG = 19  # $FTLAUNCH_HOME/notify.yaml (the notification destinations) is unreadable or wrong
 
 
 class FtlaunchError(Exception):
@@ -128,3 +129,19 @@ class EnvChangedError(FtlaunchError):
     transformers, llamafactory, ...): refused before anything starts, unless --allow-env-change."""
 
     exit_code = ExitCode.ENV_CHANGED
+
+
+class NotifyConfigError(FtlaunchError):
+    """$FTLAUNCH_HOME/notify.yaml is wrong: every problem, each naming the file and the key (never a
+    destination's value: they hold tokens). Raised before a run is created, so nothing is half-written."""
+
+    exit_code = ExitCode.NOTIFY_CONFIG
+
+    def __init__(self, path: str, problems: Sequence[str], hint: str | None = None):
+        self.path = path
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            message = f"{path}: {self.problems[0]}"
+        else:
+            message = f"{path}: {len(self.problems)} problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(message, hint)

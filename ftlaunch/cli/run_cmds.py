@@ -118,6 +118,10 @@ def train(
     from ftlaunch.run.outdir import Existing
 
     notify = _notify_spec(kw)
+    if not notify:  # $FTLAUNCH_HOME/notify.yaml then: checked before anything is written (exit 19)
+        from ftlaunch.run.notify import load_file
+
+        load_file(env_now())
     opts = RunOptions.from_kwargs(kw)
     if slurm:
         if foreground or follow:
@@ -411,6 +415,9 @@ def resume(
         from ftlaunch.run.notify import keep_spec
 
         keep_spec(run_dir, notify)  # read by the supervisor this resume starts (a live one keeps its own)
+    from ftlaunch.run.notify import read_spec
+
+    read_spec(run_dir, env_now())  # a run with no destination of its own: notify.yaml's, checked (exit 19)
     hardware = None
     if gpu is not None:
         from dataclasses import replace

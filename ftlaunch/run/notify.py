@@ -1,12 +1,15 @@
 """Notifications from the supervisor, for every run: what is sent, where, and how it never gets in the way.
 
-Destinations (``NotifySpec``): ``--notify URL`` (repeatable) and ``FTLAUNCH_NOTIFY`` (URLs separated
+Destinations (``NotifySpec``): ``--notify URL`` (repeatable), ``FTLAUNCH_NOTIFY`` (URLs separated
 by spaces or commas): a plain http(s) URL gets the message as a JSON POST; any other scheme
 (``json://``, ``slack://``, ``mailto://``, ``dingtalk://``, ``ntfy://`` ...) goes through apprise, the
 optional ``notify`` extra (``pip install 'ftlaunch[notify]'``). ``--notify-cmd CMD`` runs a command
 with the message as JSON on stdin and in FTLAUNCH_* variables. ``--notify-on`` picks the events
 (``EVENTS``; default all). The spec is kept in the run's secrets.json (0600) under ``NOTIFY_KEY``,
-never handed to the trainer; a destination is shown only as ``redact_target`` makes it.
+never handed to the trainer; a destination is shown only as ``redact_target`` makes it. A run given
+no destination of its own uses ``$FTLAUNCH_HOME/notify.yaml``'s (``load_file``: URLs and commands,
+each with its events), read at each start, so cron'd and resumed runs notify without flags; a wrong
+file is a ``NotifyConfigError`` (exit 19) before a run is created.
 
 ``Notifier`` is what the supervisor holds: ``event(name, **details)`` only queues. One daemon thread
 builds the message from the run folder (run id and name, config, machine, status, steps, elapsed,
@@ -19,6 +22,7 @@ ftlaunch.run.notify RUN_DIR``, the jobs on stdin) so a dead destination never de
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -31,12 +35,12 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ftlaunch.errors import ConfigError, StateError
-from ftlaunch.files import now_iso
+from ftlaunch.errors import ConfigError, NotifyConfigError, StateError
+from ftlaunch.files import home, now_iso
 from ftlaunch.run.secrecy import NOTIFY_KEY, scrub, secret_values
 
 EVENTS = (
@@ -48,6 +52,7 @@ EVENTS = (
     "no_progress",
     "diverged",
     "disk_full",
+    "disk_forecast",
     "env_changed",
     "stopped",
     "lost",
@@ -60,9 +65,22 @@ BACKOFF_S = 0.5
 CLOSE_WAIT_S = 0.5
 LOG_LINES = 20
 _SPLIT = re.compile(r"[\s,]+")
+NOTIFY_FILE = "notify.yaml"  # in FTLAUNCH_HOME: the destinations of every run given none of its own
+FILE_HINT = (
+    "notify.yaml holds `destinations:`, a list of entries with `url:` or `cmd:` and optionally `on:` "
+    "(events; a top-level `on:` is every entry's default); fix or remove it"
+)
 
 
 # ---------------------------------------------------------------- what to send where (pure)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A destination of notify.yaml with the events chosen for it."""
+
+    target: str  # a URL, or "cmd:" + a command
+    on: frozenset[str] = field(default_factory=lambda: frozenset(EVENTS))
 
 
 @dataclass(frozen=True)
@@ -70,49 +88,181 @@ class NotifySpec:
     urls: tuple[str, ...] = ()
     cmd: str | None = None
     on: frozenset[str] = field(default_factory=lambda: frozenset(EVENTS))
+    routes: tuple[Route, ...] = ()  # notify.yaml's destinations, each with its own events
 
     def __bool__(self) -> bool:
-        return bool(self.urls or self.cmd)
+        return bool(self.urls or self.cmd or self.routes)
 
     def destinations(self) -> list[str]:
-        """Each place a message goes: the URLs, then ``cmd:`` + the command."""
-        return [*self.urls, *([f"cmd:{self.cmd}"] if self.cmd else [])]
+        """Each place a message goes: the URLs, then ``cmd:`` + the command, then notify.yaml's."""
+        return [*self.urls, *([f"cmd:{self.cmd}"] if self.cmd else []), *(r.target for r in self.routes)]
+
+    def wants(self, i: int, event: str) -> bool:
+        """Whether destination ``i`` (of ``destinations()``) chose ``event``."""
+        own = len(self.urls) + (1 if self.cmd else 0)
+        return event in (self.on if i < own else self.routes[i - own].on)
+
+    def events(self) -> frozenset[str]:
+        """The events some destination chose."""
+        own = self.on if self.urls or self.cmd else frozenset()
+        return own.union(*(r.on for r in self.routes))
 
     def secret_values(self) -> list[str]:
         """The destinations as text no file, log or message may hold."""
-        return [*self.urls, *([self.cmd] if self.cmd else [])]
+        return [t.removeprefix("cmd:") for t in self.destinations()]
 
     def to_json(self) -> dict[str, Any]:
-        return {"urls": list(self.urls), "cmd": self.cmd, "on": sorted(self.on)}
+        routes = [{"target": r.target, "on": sorted(r.on)} for r in self.routes]
+        return {
+            "urls": list(self.urls),
+            "cmd": self.cmd,
+            "on": sorted(self.on),
+            **({"routes": routes} if routes else {}),
+        }
 
     @classmethod
     def from_json(cls, d: Any) -> NotifySpec:
         if not isinstance(d, Mapping):
             return cls()
         on = d.get("on")
+        routes = [r for r in d.get("routes") or () if isinstance(r, Mapping) and r.get("target")]
         return cls(
             urls=tuple(str(u) for u in d.get("urls") or () if u),
             cmd=str(d["cmd"]) if d.get("cmd") else None,
             on=frozenset(on) if isinstance(on, list) and on else frozenset(EVENTS),
+            routes=tuple(Route(str(r["target"]), frozenset(r.get("on") or EVENTS)) for r in routes),
         )
 
     def with_env(self, env: Mapping[str, str]) -> NotifySpec:
         """Plus FTLAUNCH_NOTIFY's URLs (read when the supervisor starts: schedules and resumes too)."""
         extra = tuple(u for u in _SPLIT.split(env.get("FTLAUNCH_NOTIFY", "")) if u and u not in self.urls)
-        return NotifySpec(urls=self.urls + extra, cmd=self.cmd, on=self.on) if extra else self
+        return replace(self, urls=self.urls + extra) if extra else self
+
+
+def _chosen(words: Iterable[str]) -> tuple[frozenset[str], list[str]]:
+    """Event names as given (``all`` or none: every one), and the unknown ones among them."""
+    words = [w for w in words if w]
+    if not words or words == ["all"]:
+        return frozenset(EVENTS), []
+    return frozenset(words), sorted(set(words) - set(EVENTS))
 
 
 def parse_on(text: str | None) -> frozenset[str]:
     """``--notify-on started,failed``: the events chosen ("all" or nothing: every one)."""
-    words = [w for w in _SPLIT.split(text or "") if w]
-    if not words or words == ["all"]:
-        return frozenset(EVENTS)
-    unknown = sorted(set(words) - set(EVENTS))
+    on, unknown = _chosen(_SPLIT.split(text or ""))
     if unknown:
         raise ConfigError(
             f"--notify-on: unknown event(s) {', '.join(unknown)}", hint=f"choose among: {', '.join(EVENTS)}"
         )
-    return frozenset(words)
+    return on
+
+
+# ---------------------------------------------------------------- notify.yaml in FTLAUNCH_HOME
+
+
+def notify_file(env: Mapping[str, str]) -> Path:
+    return home(env) / NOTIFY_FILE
+
+
+def load_file(env: Mapping[str, str], apprise_ok: bool | None = None) -> NotifySpec:
+    """notify.yaml's destinations (``routes``); none when there is no file. NotifyConfigError (exit 19)
+    naming the file and each wrong key when it cannot be read or is wrong."""
+    path = notify_file(env)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return NotifySpec()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise NotifyConfigError(str(path), [f"cannot be read: {why}"], hint=FILE_HINT) from None
+    if apprise_ok is None:
+        apprise_ok = importlib.util.find_spec("apprise") is not None
+    return parse_file(text, str(path), apprise_ok)
+
+
+def parse_file(text: str, where: str, apprise_ok: bool) -> NotifySpec:
+    """notify.yaml's text as destinations, every problem listed at once. A message never quotes a
+    value (a URL holds its token): it names the key, and a URL only as ``redact_target`` shows it."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise NotifyConfigError(where, [f"not YAML{at}: {getattr(exc, 'problem', None) or 'unreadable'}"]) from None
+    if data is None:
+        return NotifySpec()  # an empty file: no destinations
+    if not isinstance(data, Mapping):
+        raise NotifyConfigError(where, ["expected a mapping with `destinations:`"], hint=FILE_HINT)
+    data = _on_key(data)
+    problems: list[str] = []
+    unknown = sorted(str(k) for k in data if k not in ("destinations", "on"))
+    if unknown:
+        problems.append(f"unknown key(s) {', '.join(unknown)} (known: destinations, on)")
+    default_on = _file_events(data["on"], "on", problems) if "on" in data else frozenset(EVENTS)
+    dests = data.get("destinations")
+    if not isinstance(dests, list):
+        what = "missing" if "destinations" not in data else "expected a list"
+        problems.append(f"destinations: {what} (entries with `url:` or `cmd:`)")
+        dests = []
+    routes = []
+    for n, d in enumerate(dests, 1):
+        key = f"destinations (entry {n})"
+        if not isinstance(d, Mapping):
+            problems.append(f"{key}: expected a mapping with `url:` or `cmd:`")
+            continue
+        d = _on_key(d)
+        unknown = sorted(str(k) for k in d if k not in ("url", "cmd", "on"))
+        if unknown:
+            problems.append(f"{key}: unknown key(s) {', '.join(unknown)} (known: url, cmd, on)")
+        given = [k for k in ("url", "cmd") if k in d]
+        if len(given) != 1:
+            problems.append(f"{key}: give one of url, cmd" + (" (not both)" if given else ""))
+            continue
+        kind, value = given[0], d[given[0]]
+        if not isinstance(value, str) or not value.strip():
+            problems.append(f"{key}: {kind}: expected a non-empty string")
+            continue
+        on = _file_events(d["on"], f"{key}: on", problems) if "on" in d else default_on
+        if kind == "url":
+            problems += [f"{key}: url: {p}" for p in url_problems([value.strip()], apprise_ok)]
+        routes.append(Route(value.strip() if kind == "url" else f"cmd:{value}", on))
+    if problems:
+        raise NotifyConfigError(where, problems, hint=FILE_HINT)
+    return NotifySpec(routes=tuple(routes))
+
+
+def _on_key(m: Mapping[Any, Any]) -> dict[Any, Any]:
+    """YAML 1.1 (PyYAML) reads a bare ``on:`` key as the boolean True: it is the ``on`` key here."""
+    return {("on" if k is True else k): v for k, v in m.items()}
+
+
+def _file_events(value: Any, key: str, problems: list[str]) -> frozenset[str]:
+    """An ``on:`` of notify.yaml: a list of event names or one comma-separated string."""
+    if isinstance(value, str):
+        words = _SPLIT.split(value)
+    elif isinstance(value, list) and all(isinstance(w, str) for w in value):
+        words = list(value)
+    else:
+        problems.append(f"{key}: expected a list of event names")
+        return frozenset(EVENTS)
+    on, unknown = _chosen(words)
+    if unknown:
+        problems.append(f"{key}: unknown event(s) {', '.join(unknown)} (choose among: {', '.join(EVENTS)})")
+    return on
+
+
+def file_secret_values(env: Mapping[str, str]) -> list[str]:
+    """notify.yaml's destinations as text a bundle must not hold, read leniently (a wrong file's too)."""
+    try:
+        import yaml
+
+        data = yaml.safe_load(notify_file(env).read_text(encoding="utf-8"))
+    except Exception:
+        return []
+    dests = data.get("destinations") if isinstance(data, Mapping) else None
+    return [str(d[k]) for d in dests or () if isinstance(d, Mapping) for k in ("url", "cmd") if d.get(k)]
 
 
 def url_problems(urls: Iterable[str], apprise_ok: bool) -> list[str]:
@@ -168,8 +318,11 @@ def text_of(msg: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------- the message (reads the run folder)
 
 
-def message(run_dir: Path, event: str, details: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    """What every destination gets: the run as `status` sees it now, and why; secrets redacted."""
+def message(
+    run_dir: Path, event: str, details: Mapping[str, Any], env: Mapping[str, str], hidden: Iterable[str] = ()
+) -> dict[str, Any]:
+    """What every destination gets: the run as `status` sees it now, and why; secrets redacted (and
+    ``hidden``: the destinations, notify.yaml's too)."""
     from ftlaunch.run.live import losses_of, sparkline, tail_lines
     from ftlaunch.run.store import RunFolder, read_secrets
     from ftlaunch.run.view import run_view
@@ -210,7 +363,7 @@ def message(run_dir: Path, event: str, details: Mapping[str, Any], env: Mapping[
     if event in FAILURE_EVENTS:
         lines = tail_lines(folder.train_log, 8 * 1024).decode("utf-8", errors="replace").replace("\r", "\n")
         msg["log_tail"] = [ln for ln in lines.splitlines() if ln.strip()][-LOG_LINES:]
-    secrets = secret_values(read_secrets(run_dir), env)
+    secrets = sorted({*secret_values(read_secrets(run_dir), env), *(h for h in hidden if len(h) >= 4)}, key=len)[::-1]
     clean = json.loads(scrub(json.dumps(msg, default=str, ensure_ascii=False).encode(), secrets))
     # Slack, Mattermost and Rocket.Chat incoming webhooks read "text": a plain https URL of theirs works too.
     clean["title"], clean["text"] = title_of(clean), text_of(clean)
@@ -325,10 +478,20 @@ class _Event:
     seen_at: float
 
 
-def read_spec(run_dir: Path, env: Mapping[str, str]) -> NotifySpec:
+def _own_spec(run_dir: Path) -> NotifySpec:
     from ftlaunch.run.store import read_secrets
 
-    return NotifySpec.from_json(read_secrets(run_dir).get(NOTIFY_KEY)).with_env(env)
+    return NotifySpec.from_json(read_secrets(run_dir).get(NOTIFY_KEY))
+
+
+def read_spec(run_dir: Path, env: Mapping[str, str]) -> NotifySpec:
+    """The run's own destinations (secrets.json); for a run given none, notify.yaml's, read now (each
+    start reads the file as it is then); plus FTLAUNCH_NOTIFY's URLs. NotifyConfigError when the file
+    is read and wrong."""
+    spec = _own_spec(run_dir)
+    if not spec:
+        spec = replace(spec, routes=load_file(env).routes)
+    return spec.with_env(env)
 
 
 def keep_spec(run_dir: Path, spec: NotifySpec) -> None:
@@ -376,6 +539,9 @@ class Notifier:
     def for_run(cls, run_dir: Path, env: Mapping[str, str], **kw: Any) -> Notifier:
         try:
             spec = read_spec(run_dir, env)
+        except NotifyConfigError as exc:  # notify.yaml went wrong since it was checked: said; the run goes on
+            spec = _own_spec(run_dir).with_env(env)
+            _note(run_dir, "notify_config_error", message=exc.message)
         except Exception:  # an unreadable secrets.json never stops a run
             spec = NotifySpec()
         return cls(run_dir, spec, env, **kw)
@@ -387,7 +553,7 @@ class Notifier:
     def event(self, name: str, **details: Any) -> None:
         """Queue ``name`` for every destination when the user chose it. Never raises, never blocks: the
         message is built (run folder reads) by the delivery thread."""
-        if not self.targets or name not in self.spec.on:
+        if not self.targets or name not in self.spec.events():
             return
         ev = _Event(name, dict(details), time.time())
         with self._lock:
@@ -399,7 +565,7 @@ class Notifier:
 
     def build(self, ev: _Event) -> dict[str, Any]:
         try:
-            msg = message(self.run_dir, ev.name, ev.details, self.env)
+            msg = message(self.run_dir, ev.name, ev.details, self.env, hidden=self.spec.secret_values())
         except Exception as exc:  # the message is best effort too: a bare one rather than none
             msg = {"event": ev.name, "run_id": self.run_dir.name, "t": now_iso(), "error": f"{type(exc).__name__}"}
         msg["seen_at"] = ev.seen_at
@@ -411,7 +577,7 @@ class Notifier:
             if ev is None:
                 return
             msg = self.build(ev)
-            jobs = [_Job(i, msg) for i in range(len(self.targets))]
+            jobs = [_Job(i, msg) for i in range(len(self.targets)) if self.spec.wants(i, ev.name)]
             with self._lock:
                 if ev not in self._pending:
                     continue  # handed on while it was built: the child builds and sends it
@@ -498,17 +664,48 @@ def notice_lost(
 
     try:
         spec = read_spec(run_dir, env)
-        if not spec or "lost" not in spec.on:
+        if "lost" not in spec.events():
             return False
         if any(e["event"] == "lost_noticed" and e.get("pid") == pid for e in read_events(run_dir)):
             return False
         append_event(run_dir, "lost_noticed", pid=pid)
-        msg = message(run_dir, "lost", {"supervisor_pid": pid}, env)
+        msg = message(run_dir, "lost", {"supervisor_pid": pid}, env, hidden=spec.secret_values())
         msg["seen_at"] = time.time()
-        hand_on(run_dir, env, [{"target": i, "tries": 0, "msg": msg} for i in range(len(spec.destinations()))], spawn)
+        wanted = [i for i in range(len(spec.destinations())) if spec.wants(i, "lost")]
+        hand_on(run_dir, env, [{"target": i, "tries": 0, "msg": msg} for i in wanted], spawn)
         return True
     except Exception:  # a notice is never worth a failed `status`
         return False
+
+
+def notice(
+    run_dir: Path,
+    env: Mapping[str, str],
+    event: str,
+    details: Mapping[str, Any],
+    spawn: Callable[..., Any] = subprocess.Popen,
+) -> bool:
+    """An event seen outside the supervisor's loop (the disk forecast when a run is started, a change of
+    the trainer's environment taken at an attempt's start): handed to the detached child, which builds
+    the message and delivers it to each destination that chose it. Never raises, never waits; True
+    when a notice went out."""
+    try:
+        spec = read_spec(run_dir, env)
+        if event not in spec.events():
+            return False
+        hand_on(run_dir, env, [{"event": event, "details": dict(details), "seen_at": time.time()}], spawn)
+        return True
+    except Exception:  # a notice is never worth a failed start
+        return False
+
+
+def _note(run_dir: Path, event: str, **fields: Any) -> None:
+    from ftlaunch.run.store import append_event
+
+    try:
+        append_event(run_dir, event, **fields)
+    except OSError:
+        pass
 
 
 def hand_on(run_dir: Path, env: Mapping[str, str], jobs: list[dict[str, Any]], spawn: Callable[..., Any]) -> None:
@@ -542,7 +739,8 @@ def _finish_jobs(run_dir: Path, env: Mapping[str, str], jobs: list[Mapping[str, 
         if "event" in j:  # seen, never built: built now, for every destination
             msg = n.build(_Event(str(j["event"]), dict(j.get("details") or {}), float(j.get("seen_at") or time.time())))
             for i in range(len(n.targets)):
-                n.attempt(_Job(i, msg))
+                if n.spec.wants(i, msg["event"]):
+                    n.attempt(_Job(i, msg))
         elif 0 <= int(j["target"]) < len(n.targets):
             n.attempt(_Job(int(j["target"]), dict(j["msg"]), tries=max(0, min(int(j.get("tries", 0)), RETRIES - 1))))
 

@@ -141,6 +141,10 @@ def _run_locked(
         def check(p: Any) -> None:
             if str(p.config.get("output_dir")) != str(target):
                 raise ConfigError(f"output_dir override did not apply ({p.config.get('output_dir')} != {target})")
+            if not rec.notify_cmd:  # the run's supervisor reads $FTLAUNCH_HOME/notify.yaml: checked first (exit 19)
+                from ftlaunch.run.notify import load_file
+
+                load_file(env)
 
         def created(rd: Path, _plan: Any) -> None:
             nonlocal run_dir
