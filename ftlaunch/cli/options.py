@@ -155,7 +155,8 @@ def notify_options(f: Callable[..., Any]) -> Callable[..., Any]:
         metavar="URL",
         help="Send the run's events here (repeatable): an http(s) URL gets a JSON POST; json://, slack://, "
         "mailto://, dingtalk://, ntfy:// ... go through apprise (pip install 'ftlaunch[notify]'). "
-        "FTLAUNCH_NOTIFY adds more. Kept in the run's secrets.json, shown as ***.",
+        "FTLAUNCH_NOTIFY adds more; with none given, $FTLAUNCH_HOME/notify.yaml's. Kept in the run's "
+        "secrets.json, shown as ***.",
     )(f)
     f = click.option(
         "--notify-cmd",
@@ -166,7 +167,7 @@ def notify_options(f: Callable[..., Any]) -> Callable[..., Any]:
         "--notify-on",
         metavar="EVENTS",
         help="Which events notify, comma-separated [default: all]: started, succeeded, failed, stalled, "
-        "oom_recovered, no_progress, diverged, disk_full, env_changed, stopped, lost.",
+        "oom_recovered, no_progress, diverged, disk_full, disk_forecast, env_changed, stopped, lost.",
     )(f)
     return f
 

@@ -351,6 +351,10 @@ def _at_attempt_start(run_dir: Path, attempt: int, env: Mapping[str, str], resum
     append_event(run_dir, "environment", attempt=attempt, hash=now.digest(), packages=len(now.packages), ms=ms)
     if diff.changed:
         append_event(run_dir, "environment_changed", attempt=attempt, refused=False, since_run=since_run, **fields)
+    if diff.deciding:  # taken (--allow-env-change, or since the schedule's last run): the destinations hear it
+        from ftlaunch.run.notify import notice
+
+        notice(run_dir, env, "env_changed", {**_changed_note(attempt, diff, True, since_run), **fields})
     info: dict[str, Any] = {**(state.environment or {}), "hash": now.digest(), "attempt": attempt}
     if diff.deciding:
         info["changed"] = _changed_note(attempt, diff, True, since_run)

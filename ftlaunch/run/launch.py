@@ -232,6 +232,7 @@ def start_run(
     (the schedule that starts it); ``check(plan)`` may refuse a plan before anything
     is written; ``on_created(run_dir, plan)`` runs once the run exists, before it starts."""
     from ftlaunch.run.disk import disk_check
+    from ftlaunch.run.notify import notice_forecast
     from ftlaunch.run.preflight import preflight
     from ftlaunch.run.preflight import require as require_preflight
     from ftlaunch.run.prepare import make_plan
@@ -253,4 +254,5 @@ def start_run(
     except BaseException:
         lock.close()
         raise
+    notice_forecast(run_dir, env, facts)  # "the disk fills at step N": to the run's notification destinations too
     return supervise(run_dir, env, lock, foreground=foreground, echo=echo, poll=poll)

@@ -699,6 +699,19 @@ def notice(
         return False
 
 
+def notice_forecast(
+    run_dir: Path, env: Mapping[str, str], facts: Any, spawn: Callable[..., Any] = subprocess.Popen
+) -> bool:
+    """A run started with the disk forecast's warning (``StartFacts.warnings``: the run as configured
+    fills the disk at step N): its destinations hear it as ``disk_forecast``."""
+    if not facts.warnings:
+        return False
+    disk = dict(facts.disk or {})
+    fill_step = dict(disk.get("verdict") or {}).get("fill_step")
+    details = {"message": "; ".join(facts.warnings), "fill_step": fill_step, "filesystem": disk.get("filesystem")}
+    return notice(run_dir, env, "disk_forecast", details, spawn)
+
+
 def _note(run_dir: Path, event: str, **fields: Any) -> None:
     from ftlaunch.run.store import append_event
 
