@@ -1,0 +1,208 @@
+"""The follower beside a Ray run: ``python -m ftlaunch.run.ray.follow RUN_DIR``, detached on the
+machine that submitted it (`train --engine ray`, `resume`).
+
+Ray Jobs never retries a driver that died, and a submission id cannot be used twice. The run's own
+supervisor (the job's driver) recovers what it sees (OOM, crash, stall, divergence...); what it
+cannot see is its own end: a driver killed, a node lost, a head restarted. The follower reads the
+job's status and decides with the pure ``next_step``:
+
+- running or pending: wait;
+- succeeded, or failed after the supervisor recorded an end (failed, no_progress, diverged...): done,
+  as the supervisor recorded it;
+- stopped (`ftlaunch stop`, or `ray job stop`): stopped, never retried;
+- failed while the run's state still says it runs (the driver died from outside): the next attempt
+  is submitted with a new submission id and resumes from the last complete checkpoint, under the
+  restart brake (NO_PROGRESS_LIMIT attempts in a row without a new checkpoint end it no_progress);
+- the head cannot be reached: "engine unreachable", never failed; it keeps asking for
+  ``unreachable_for`` seconds, then leaves the run as recorded (`ftlaunch resume` continues it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from ftlaunch.errors import FtlaunchError
+from ftlaunch.run import progress as prog
+from ftlaunch.run.procs import start_time
+from ftlaunch.run.ray import jobs
+from ftlaunch.run.ray.record import read_record, write_record
+from ftlaunch.run.recovery import NO_PROGRESS_LIMIT
+from ftlaunch.run.state import RunStatus
+from ftlaunch.run.store import append_event, read_events, read_state, update_state
+
+
+class Step(StrEnum):
+    WAIT = "wait"
+    DONE = "done"
+    RESUBMIT = "resubmit"
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class Next:
+    """What to do now; ``status``/``message``: what to record (None: leave the state as it is)."""
+
+    step: Step
+    status: RunStatus | None = None
+    message: str | None = None
+    no_progress: int | None = None
+
+
+def stop_was_requested(events: list[dict], submission_id: str | None) -> bool:
+    return any(e.get("event") == "stop_requested" and e.get("submission_id") == submission_id for e in events)
+
+
+def next_step(
+    job: jobs.JobInfo | None,
+    recorded: RunStatus,
+    *,
+    submission_id: str,
+    stop_requested: bool,
+    progressed: bool,
+    no_progress: int,
+    limit: int = NO_PROGRESS_LIMIT,
+) -> Next:
+    """Pure: what the follower does after reading a job (None: the head did not answer)."""
+    if job is None:
+        return Next(Step.UNREACHABLE, message="engine unreachable: the Ray head did not answer; the job may run on")
+    if not job.terminal:
+        return Next(Step.WAIT)
+    if job.status == "STOPPED" or stop_requested:
+        if recorded.is_terminal() and recorded is not RunStatus.STOPPED:
+            return Next(Step.DONE)  # it ended on its own before the stop landed
+        who = "`ftlaunch stop`" if stop_requested else "Ray (`ray job stop` or the dashboard)"
+        return Next(Step.DONE, RunStatus.STOPPED, f"stopped by {who} (job {submission_id}); not retried")
+    if job.status == "SUCCEEDED" or recorded.is_terminal():
+        if recorded.is_terminal():
+            return Next(Step.DONE)  # the supervisor's own last word
+        return Next(Step.DONE, RunStatus.LOST, f"job {submission_id} ended without the supervisor recording an end")
+    # FAILED while the run still runs: the driver died from outside (kill -9, a lost node, OOM killer).
+    count = 0 if progressed else no_progress + 1
+    why = (job.message or f"driver exit code {job.driver_exit_code}").strip().splitlines()[0][:200]
+    if count >= limit:
+        return Next(
+            Step.DONE,
+            RunStatus.NO_PROGRESS,
+            f"job {submission_id} failed from outside ({why}), {count} attempts in a row without a new "
+            "checkpoint (the restart brake); fix the cause, then `ftlaunch resume`",
+            count,
+        )
+    return Next(
+        Step.RESUBMIT,
+        RunStatus.RECOVERING,
+        f"job {submission_id} failed from outside ({why}); submitting the next attempt "
+        f"[{count + 1}/{limit} without a new checkpoint]",
+        count,
+    )
+
+
+def _checkpoint_step(name: str | None) -> int:
+    return int(name.rsplit("-", 1)[1]) if name and name.rsplit("-", 1)[-1].isdigit() else -1
+
+
+def follow(
+    run_dir: Path,
+    env: Mapping[str, str],
+    *,
+    poll: float = 1.0,
+    unreachable_for: float = 600.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    resubmit: Callable[[Path, Mapping[str, str], str], str] | None = None,
+) -> RunStatus:
+    """Follow the run's job until the run ends (its status), or until the head has not answered for
+    ``unreachable_for`` seconds (the recorded status, untouched). ``resubmit(run_dir, env, why)``
+    submits the next attempt (``engines.ray.submit_attempt``)."""
+    if resubmit is None:
+        from ftlaunch.run.ray.submit import submit_attempt as resubmit
+    unreachable_since: float | None = None
+    while True:
+        record = read_record(run_dir)
+        sub = record.current
+        state = read_state(run_dir)
+        if sub is None:
+            return state.status
+        try:
+            info = jobs.job(record.address, sub.id)
+        except jobs.EngineUnreachable:
+            info = None
+        out = Path(state.output_dir or ".")
+        last = prog.last_complete_checkpoint(out)
+        progressed = last is not None and last[0] > _checkpoint_step(sub.resume_from)
+        n = next_step(
+            info,
+            state.status,
+            submission_id=sub.id,
+            stop_requested=stop_was_requested(read_events(run_dir), sub.id),
+            progressed=progressed,
+            no_progress=state.no_progress_attempts,
+        )
+        if n.step is Step.UNREACHABLE:
+            if unreachable_since is None:
+                unreachable_since = clock()
+                append_event(run_dir, "engine_unreachable", submission_id=sub.id, address=record.address)
+            elif clock() - unreachable_since > unreachable_for:
+                append_event(run_dir, "follower_gave_up", submission_id=sub.id, waited_s=round(unreachable_for))
+                return read_state(run_dir).status
+            sleep(poll)
+            continue
+        if unreachable_since is not None:
+            unreachable_since = None
+            append_event(run_dir, "engine_reachable", submission_id=sub.id)
+        if n.step is Step.WAIT:
+            sleep(poll)
+            continue
+        if n.status is not None:
+            ended = None if n.status is RunStatus.RECOVERING else time.time()
+            changes = {"status": n.status, "message": n.message, "ended": ended}
+            if n.no_progress is not None:
+                changes["no_progress_attempts"] = n.no_progress
+            update_state(run_dir, **changes)
+            append_event(
+                run_dir,
+                "ray_job_ended",
+                submission_id=sub.id,
+                job_status=info.status if info else None,
+                driver_exit_code=info.driver_exit_code if info else None,
+                status=n.status.value,
+                message=n.message,
+            )
+        if n.step is Step.DONE:
+            return read_state(run_dir).status
+        try:
+            resubmit(run_dir, env, "driver died")
+        except FtlaunchError as exc:
+            message = f"the next attempt could not be submitted: {exc.message}"
+            update_state(run_dir, status=RunStatus.FAILED, message=message, ended=time.time())
+            append_event(run_dir, "ray_resubmit_failed", message=message)
+            return RunStatus.FAILED
+
+
+def register(run_dir: Path, pid: int) -> None:
+    """Record the follower's pid (with its start time: liveness) in ray.json."""
+    from dataclasses import replace
+
+    record = read_record(run_dir)
+    write_record(run_dir, replace(record, follower_pid=pid, follower_start=start_time(pid)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ftlaunch.run.ray.follow RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(args[0])
+    register(run_dir, os.getpid())
+    status = follow(run_dir, os.environ)
+    print(f"ftlaunch ray follower: run {run_dir.name} {status.value}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Submitting a Ray run's attempts and acting on its job: the job's entrypoint and runtime env, one
+submission id per attempt, the follower beside it, stop and status through the Jobs API.
+
+The entrypoint is ftlaunch's own supervisor for the run (``python -m ftlaunch.run.supervisor
+RUN_DIR``); a later attempt is ``ftlaunch resume RUN --foreground``, which restarts from the last
+complete checkpoint after ending this run's orphaned trainer. The job's env carries PATH with this
+Python's bin folder first (LLaMA-Factory's launcher runs `torchrun` by name), FTLAUNCH_HOME, the
+plan's launch variables, the variables a trainer reads (HF_*, TRANSFORMERS_*, NCCL_*, ...) but never
+a secret (the runtime env is shown by the dashboard), and FTLAUNCH_RAY_SUBMISSION: the attempt's id,
+by which `resume` inside the job knows it runs there.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from ftlaunch.files import home
+from ftlaunch.run import progress as prog
+from ftlaunch.run.procs import Liveness, liveness, spawn_detached
+from ftlaunch.run.ray import jobs
+from ftlaunch.run.ray.record import RayRecord, Submission, read_record, write_record
+from ftlaunch.run.state import RunState, RunStatus
+from ftlaunch.run.store import RunFolder, append_event, read_events, read_state, update_state
+from ftlaunch.run.trainer import SECRET_ENV, public_env
+
+SUBMISSION_ENV = "FTLAUNCH_RAY_SUBMISSION"
+# What a trainer (or ftlaunch on the node) reads from its environment, carried into the job.
+CARRIED_PREFIXES = (
+    "FTLAUNCH_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "DATASETS_", "TOKENIZERS_", "NCCL_", "GLOO_",
+    "TORCH_", "OMP_", "MKL_", "WANDB_", "LLAMAFACTORY_",
+)  # fmt: skip
+CARRIED_NAMES = ("PYTHONPATH", "MPLCONFIGDIR", "XDG_CACHE_HOME", "TMPDIR", "LANG", "LC_ALL", "DISABLE_VERSION_CHECK")
+_NEVER = frozenset(SECRET_ENV) | {SUBMISSION_ENV, "FTLAUNCH_DEBUG"}
+
+
+def _secret_name(name: str) -> bool:
+    upper = name.upper()
+    return name in _NEVER or any(w in upper for w in ("TOKEN", "SECRET", "PASSWORD", "API_KEY"))
+
+
+def job_env(env: Mapping[str, str], plan_env: Mapping[str, str], python: str) -> dict[str, str]:
+    """The job's env_vars (pure): PATH with ``python``'s bin folder first, FTLAUNCH_HOME made
+    absolute, the carried variables of ``env`` and the plan's public launch variables; no secret."""
+    carried = {
+        k: v for k, v in env.items() if (k.startswith(CARRIED_PREFIXES) or k in CARRIED_NAMES) and not _secret_name(k)
+    }
+    launch = {k: v for k, v in public_env(plan_env).items() if v != "***" and not _secret_name(k)}
+    bindir = str(Path(python).parent)
+    path = [bindir, *[p for p in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep) if p != bindir]]
+    return {**carried, **launch, "FTLAUNCH_HOME": str(home(env).absolute()), "PATH": os.pathsep.join(path)}
+
+
+def entrypoint(run_dir: Path, python: str, first: bool) -> str:
+    """The supervisor for a run that never started; else a foreground resume (from the last complete
+    checkpoint, this run's orphaned trainer ended first)."""
+    if first:
+        return f"{shlex.quote(python)} -m ftlaunch.run.supervisor {shlex.quote(str(run_dir))}"
+    return f"{shlex.quote(python)} -m ftlaunch resume {shlex.quote(run_dir.name)} --foreground --no-follow"
+
+
+def driver_resources(state: RunState) -> tuple[float, float | None]:
+    """What the job's driver asks of its node, so Ray places it where the plan's devices are:
+    (CPUs, GPUs): the plan's GPUs (the trainer gets them: Ray sets CUDA_VISIBLE_DEVICES), else one
+    CPU per trainer process."""
+    gpus = int(state.gpu_count or 0)
+    if gpus:
+        return 1.0, float(gpus)
+    return float(max(1, int(state.world_size or 1))), None
+
+
+def submit_attempt(run_dir: Path, env: Mapping[str, str], why: str) -> str:
+    """Submit the run's next attempt as a new job (a new submission id); return the id."""
+    record = read_record(run_dir)
+    state = read_state(run_dir)
+    sid = record.next_id(run_dir.name)
+    first = not any(e.get("event") == "attempt_started" for e in read_events(run_dir))
+    python = os.path.abspath(sys.executable)
+    last = prog.last_complete_checkpoint(Path(state.output_dir or "."))
+    resume_from = None if first or last is None else last[1].name
+    env_vars = {**record.env_vars, SUBMISSION_ENV: sid}
+    # Recorded before the call: a submission that reached the head is never left unknown.
+    write_record(run_dir, record.with_submission(Submission(sid, time.time(), resume_from, why)))
+    jobs.submit(
+        record.address,
+        sid,
+        entrypoint(run_dir, python, first),
+        env_vars,
+        num_cpus=record.cpus,
+        num_gpus=record.gpus,
+        metadata={"ftlaunch_run": run_dir.name, "attempt_of": why},
+    )
+    append_event(run_dir, "ray_submitted", submission_id=sid, address=record.address, why=why, resume_from=resume_from)
+    return sid
+
+
+def first_submission(run_dir: Path, env: Mapping[str, str], address: str, plan_env: Mapping[str, str]) -> str:
+    """Write ray.json and submit the run's first attempt (status queued until its supervisor runs)."""
+    state = read_state(run_dir)
+    cpus, gpus = driver_resources(state)
+    env_vars = job_env(env, plan_env, os.path.abspath(sys.executable))
+    write_record(run_dir, RayRecord(address=address, cpus=cpus, gpus=gpus, env_vars=env_vars))
+    RunFolder(run_dir).train_log.touch()  # `logs -f` works while the job is pending
+    update_state(run_dir, status=RunStatus.QUEUED, message=f"submitted to the Ray cluster at {address}")
+    return submit_attempt(run_dir, env, "start")
+
+
+def start_follower(run_dir: Path, env: Mapping[str, str]) -> int:
+    """The follower, detached (a new session): it outlives the shell that started the run."""
+    cmd = [os.path.abspath(sys.executable), "-m", "ftlaunch.run.ray.follow", str(run_dir)]
+    proc = spawn_detached(cmd, env, run_dir / "follower.log", cwd=run_dir)
+    return proc.pid
+
+
+def follower_alive(record: RayRecord) -> bool:
+    """Fails closed: a follower whose liveness is UNKNOWN counts as alive."""
+    return liveness(record.follower_pid, record.follower_start) is not Liveness.DEAD
+
+
+def job_status(run_dir: Path) -> tuple[RunStatus, str | None]:
+    """(the status to show, the job's word): the recorded status, with the Jobs API's status of the
+    current submission, "engine unreachable" when the head does not answer (never failed)."""
+    state = read_state(run_dir)
+    record = read_record(run_dir)
+    sub = record.current
+    if sub is None:
+        return state.status, None
+    try:
+        info = jobs.job(record.address, sub.id)
+    except jobs.EngineUnreachable:
+        return state.status, "engine unreachable"
+    if info.terminal and not state.status.is_terminal() and not follower_alive(record):
+        # Nobody will act on it: the job ended and the supervisor recorded no end (resume continues).
+        return RunStatus.LOST, info.status
+    return state.status, info.status
+
+
+def stop_job(run_dir: Path, grace: float = 30.0, poll: float = 0.2) -> str:
+    """`ftlaunch stop` of a Ray run: a `stop_requested` event (the follower then never retries the
+    job), Ray's stop, then the end recorded: the supervisor's own, else stopped here."""
+    state = read_state(run_dir)
+    record = read_record(run_dir)
+    sub = record.current
+    if state.status.is_terminal() and state.status is not RunStatus.RECOVERING:
+        return f"run {run_dir.name} already {state.status.value}"
+    if sub is None:
+        update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="stopped by the user")
+        return f"run {run_dir.name} stopped (never submitted)"
+    append_event(run_dir, "stop_requested", submission_id=sub.id)
+    jobs.stop(record.address, sub.id)
+    deadline = time.monotonic() + grace
+    info = jobs.job(record.address, sub.id)
+    while not info.terminal and time.monotonic() < deadline:
+        time.sleep(poll)
+        info = jobs.job(record.address, sub.id)
+    if not read_state(run_dir).status.is_terminal():
+        update_state(
+            run_dir, status=RunStatus.STOPPED, ended=time.time(), message=f"stopped by the user (job {sub.id})"
+        )
+    append_event(run_dir, "stopped", submission_id=sub.id, job_status=info.status)
+    return f"run {run_dir.name} stopped (Ray job {sub.id} {info.status.lower()})"
+
+
+def resubmit_by_hand(run_dir: Path, env: Mapping[str, str]) -> str | None:
+    """`ftlaunch resume` of a Ray run from any shell: nothing while its job runs (a follower is
+    started again if none lives); else the next attempt is submitted (a fresh budget) and followed.
+    None: the job is alive. Raises EngineUnreachable when the head does not answer."""
+    record = read_record(run_dir)
+    sub = record.current
+    info = jobs.job(record.address, sub.id) if sub else None
+    if info is not None and not info.terminal:
+        if not follower_alive(record):
+            start_follower(run_dir, env)
+        return None
+    state = read_state(run_dir)
+    update_state(
+        run_dir,
+        status=RunStatus.QUEUED,
+        budget=state.budget.refilled(),
+        no_progress_attempts=0,
+        failure_kind=None,
+        exit_code=None,
+        ended=None,
+        message=None,
+    )
+    sid = submit_attempt(run_dir, env, "resume")
+    append_event(run_dir, "resumed", previous=state.status.value, submission_id=sid)
+    if not follower_alive(read_record(run_dir)):
+        start_follower(run_dir, env)
+    return sid
+
+
+def address_for_record(record: RayRecord, address: str | None) -> RayRecord:
+    """A run resumed against another head (the old one gone): its new address."""
+    return record if not address or address == record.address else replace(record, address=address)
