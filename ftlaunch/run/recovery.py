@@ -168,6 +168,52 @@ def without_steps(ex: Exit, stepped: bool) -> Exit:
     )
 
 
+# ---------------------------------------------------------------- how an attempt ended
+
+
+@dataclass(frozen=True)
+class Halt:
+    """A watch's word to stop the trainer now (ftlaunch.run.watch), and what the attempt then ends as."""
+
+    kind: FailureKind
+    message: str
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """One attempt, ended: the trainer's exit code and train.log text, the last step it logged,
+    whether a checkpoint beyond any earlier one landed, and the halts the watches called (in order)."""
+
+    rc: int
+    log_text: str
+    last_step: int | None = None
+    progressed: bool = False
+    halts: tuple[Halt, ...] = ()
+
+    def halted(self, kind: FailureKind) -> str | None:
+        """The message of the first halt of ``kind``, else None."""
+        return next((h.message for h in self.halts if h.kind is kind), None)
+
+
+def why_it_ended(
+    end: AttemptEnd, *, stopped: bool, stepped: Callable[[], bool], enospc: Callable[[str], str | None]
+) -> Exit:
+    """What ended the attempt: a stall or the disk check (ours), else the trainer's exit and log, with a
+    zero-step success and an ENOSPC told apart. ``stepped``: whether any attempt ran a step or saved a
+    checkpoint (asked only when it matters); ``enospc``: the log's write-failed-for-space line, if any."""
+    stalled, disk_full = end.halted(FailureKind.STALLED), end.halted(FailureKind.DISK_FULL)
+    if stalled is not None and not stopped:
+        return Exit(FailureKind.STALLED, stalled)
+    if disk_full is not None and not stopped:
+        return Exit(FailureKind.DISK_FULL, disk_full)
+    ex = classify(end.rc, end.log_text, stop_requested=stopped)
+    if ex.succeeded:
+        ex = without_steps(ex, end.last_step is not None or stepped())
+    if ex.kind in (FailureKind.CRASH, FailureKind.CONFIG) and (line := enospc(end.log_text)) is not None:
+        return Exit(FailureKind.DISK_FULL, f"a save ran out of space: {line}")
+    return ex
+
+
 # ---------------------------------------------------------------- what to do next
 
 
