@@ -5,21 +5,27 @@
 #   bash scripts/test.sh            # all three lanes
 #   bash scripts/test.sh --fast     # the fast lane only
 #   bash scripts/test.sh --e2e      # the end-to-end lane only
-#   bash scripts/test.sh --slurm    # the Slurm lane only (CI runs the three lanes as three steps)
+#   bash scripts/test.sh --slurm    # the Slurm lane only (CI runs the lanes as separate steps)
+#   bash scripts/test.sh --ray      # the Ray lane only (not part of the default run)
 # The Slurm lane needs root and apt (to install slurm-wlm and munge) or both already installed; a
 # machine without them skips it and says why. It starts the cluster, runs the tests marked `slurm`,
-# and stops exactly the daemons it started. Any other arguments go to pytest (in every lane).
+# and stops exactly the daemons it started. The Ray lane installs the ray extra into .venv when it is
+# missing, and runs the tests marked `ray`: each module starts its own Ray head on 127.0.0.1 (free
+# ports, its own temp dir) and ends only that head's processes. Any other arguments go to pytest (in
+# every lane).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run_fast=1
 run_e2e=1
 run_slurm=1
+run_ray=0
 args=()
 for a in "$@"; do
   case "$a" in
     --fast) run_e2e=0; run_slurm=0 ;;
     --e2e) run_fast=0; run_slurm=0 ;;
     --slurm) run_fast=0; run_e2e=0 ;;
+    --ray) run_fast=0; run_e2e=0; run_slurm=0; run_ray=1 ;;
     *) args+=("$a") ;;
   esac
 done
@@ -35,10 +41,10 @@ lane() {  # lane NAME MARKER
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
 }
 if [ "$run_fast" -eq 1 ]; then
-  lane fast "not e2e and not bench and not slurm"
+  lane fast "not e2e and not bench and not slurm and not ray"
 fi
 if [ "$run_e2e" -eq 1 ]; then
-  lane e2e "e2e and not bench and not slurm"
+  lane e2e "e2e and not bench and not slurm and not ray"
 fi
 if [ "$run_slurm" -eq 1 ]; then
   if ! why=$(bash scripts/slurm_local.sh check); then
@@ -51,4 +57,12 @@ if [ "$run_slurm" -eq 1 ]; then
     echo "=== slurm lane: cluster up in $(($(date +%s) - start)) s ==="
     lane slurm "slurm and not bench"
   fi
+fi
+if [ "$run_ray" -eq 1 ]; then
+  if ! .venv/bin/python -c "import ray.job_submission" 2>/dev/null || [ ! -x .venv/bin/ray ]; then
+    start=$(date +%s)
+    .venv/bin/python -m pip install -q -e '.[ray]' 2>&1 | grep -v "^WARNING: Location" || true
+    echo "=== ray lane: the ray extra installed in $(($(date +%s) - start)) s ==="
+  fi
+  lane ray "ray and not bench"
 fi

@@ -1,6 +1,6 @@
 """The commands of a run's life: `train`, `runs`, `status`, `logs`, `stop` and `resume`.
 
-Each parses, calls one use case (ftlaunch.run.launch.start_run, ftlaunch.run.slurm.submit.submit_run,
+Each parses, calls one use case (ftlaunch.run.launch.start_run, whatever the engine,
 ftlaunch.run.control.*, ftlaunch.run.view.*) and renders; following a log lives in cli/follow.py.
 """
 
@@ -16,12 +16,11 @@ import click
 from ftlaunch.cli.follow import FOLLOW_TAIL_LINES, follow_and_exit, follow_log
 from ftlaunch.cli.options import FiniteFloat, env_now, notify_options, run_options, stderr_is_tty
 from ftlaunch.cli.render import console, echo_json, err_console, runs_table, status_table
+from ftlaunch.run.engines import names as engine_names  # light: the engines' modules load when named
 
 if TYPE_CHECKING:
     from ftlaunch.plan.planner import Plan
     from ftlaunch.run.launch import Started
-    from ftlaunch.run.options import RunOptions
-    from ftlaunch.run.slurm.sbatch import SlurmRequest
 
 
 def _how_to_watch(run_dir: Path, stop_note: str = "") -> None:
@@ -61,7 +60,13 @@ def _how_to_watch(run_dir: Path, stop_note: str = "") -> None:
     default=None,
     help="Check the plan's peak on fake tensors before starting [default: only when the verdict is tight].",
 )
-@click.option("--slurm", is_flag=True, help="Submit to Slurm (sbatch) instead of starting here; --gpu names one node.")
+@click.option(
+    "--engine",
+    type=click.Choice(engine_names()),
+    default=None,
+    help="Where the run's supervisor lives [default: local]: local (this machine), slurm (a batch job: sbatch).",
+)
+@click.option("--slurm", is_flag=True, help="Same as --engine slurm: submit to Slurm; --gpu names one node.")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="--slurm: nodes to ask for.")
 @click.option("--partition", help="--slurm: the partition.")
 @click.option("--time", "time_limit", help="--slurm: the time limit, e.g. 24:00:00 (a requeue resumes past it).")
@@ -85,6 +90,7 @@ def train(
     follow: bool,
     existing: str | None,
     as_json: bool,
+    engine: str | None,
     slurm: bool,
     nodes: int,
     partition: str | None,
@@ -101,16 +107,17 @@ def train(
     Takes the same arguments as `llamafactory-cli train`: a YAML and key=value overrides.
     By default the run is detached: it survives the shell and SSH; follow it with `ftlaunch logs -f`.
 
-    With --slurm, the run is a Slurm batch job over --nodes nodes of --gpu each (torchrun across
-    nodes, requeued and resumed when the time limit nears); status, logs, stop work as for any run,
-    and resume submits it again. --gpu none: CPU nodes (fp32, gloo, one process per node).
+    With --engine slurm (or --slurm), the run is a Slurm batch job over --nodes nodes of --gpu each
+    (torchrun across nodes, requeued and resumed when the time limit nears), checked here first as any
+    run is (LLaMA-Factory's parser, the disk forecast, a tight plan simulated); status, logs, stop work
+    as for any run, and resume submits it again. --gpu none: CPU nodes (fp32, gloo, one process per node).
 
     \b
     Examples:
       ftlaunch train cfg.yaml
       ftlaunch train cfg.yaml learning_rate=2e-5 --follow
       ftlaunch train cfg.yaml --foreground
-      ftlaunch train cfg.yaml --slurm --nodes 2 --gpu A100-80GBx8 --partition gpu --time 24:00:00
+      ftlaunch train cfg.yaml --engine slurm --nodes 2 --gpu A100-80GBx8 --partition gpu --time 24:00:00
       ftlaunch train cfg.yaml --slurm --nodes 2 --gpu none --partition cpu
     """
     from ftlaunch.run.launch import start_run
@@ -123,38 +130,60 @@ def train(
 
         load_file(env_now())
     opts = RunOptions.from_kwargs(kw)
-    if slurm:
-        if foreground or follow:
-            raise click.UsageError("--slurm runs as a batch job: follow it with `ftlaunch logs -f`")
-        if notify or notify.on != notify_all():
-            raise click.UsageError("--notify, --notify-cmd and --notify-on do not go with --slurm yet")
-        from ftlaunch.run.slurm.sbatch import SlurmRequest
-
-        req = SlurmRequest(
-            nodes, 0, partition, time_limit, account, tuple(sbatch_args),
-            master_addr=master_addr, rendezvous_timeout=rendezvous_timeout,
-        )  # fmt: skip
-        _submit_slurm(config, overrides, opts, req, existing, as_json)
-        return
-    if any((nodes != 1, partition, time_limit, account, sbatch_args, master_addr)):
-        raise click.UsageError(
-            "--nodes, --partition, --time, --account, --sbatch-arg and --master-addr go with --slurm"
-        )
-
+    if slurm and engine not in (None, "slurm"):
+        raise click.UsageError(f"--slurm is --engine slurm: it does not go with --engine {engine}")
+    engine = "slurm" if slurm else engine or "local"
+    eng = _engine(engine, foreground, follow, as_json, nodes, partition, time_limit, account, sbatch_args,
+                  master_addr, rendezvous_timeout)  # fmt: skip
     started = start_run(
         opts.plan_request(config, overrides, strict=True, progress=stderr_is_tty()),
         env_now(),
         opts.supervisor_settings(),
+        engine=eng,
         existing=Existing(existing or "refuse"),
         simulate=simulate,
-        foreground=foreground,
-        echo=not as_json,
         on_created=lambda run_dir, p: (_keep_notify(run_dir, notify), _show_created(run_dir, p, as_json, foreground)),
         say=lambda text: err_console.print(text, highlight=False),
     )
+    if started.job is not None:
+        _show_submitted(started, nodes, as_json)
+        return
     _show_started(started, as_json, foreground)
     if follow:
         follow_and_exit(started.run_dir)
+
+
+def _engine(
+    name: str,
+    foreground: bool,
+    follow: bool,
+    as_json: bool,
+    nodes: int,
+    partition: str | None,
+    time_limit: str | None,
+    account: str | None,
+    sbatch_args: tuple[str, ...],
+    master_addr: str | None,
+    rendezvous_timeout: float,
+) -> Any:
+    """The engine `train` hands the run to, built from its options (each engine's own refused elsewhere)."""
+    from ftlaunch.run import engines
+
+    if name == "slurm":
+        if foreground or follow:
+            raise click.UsageError("--engine slurm runs as a batch job: follow it with `ftlaunch logs -f`")
+        from ftlaunch.run.slurm.sbatch import SlurmRequest
+
+        job = SlurmRequest(
+            nodes, 0, partition, time_limit, account, tuple(sbatch_args),
+            master_addr=master_addr, rendezvous_timeout=rendezvous_timeout,
+        )  # fmt: skip
+        return engines.get("slurm")(job=job, cwd=os.getcwd())
+    if any((nodes != 1, partition, time_limit, account, sbatch_args, master_addr)):
+        raise click.UsageError(
+            "--nodes, --partition, --time, --account, --sbatch-arg and --master-addr go with --slurm"
+        )
+    return engines.get(name)(foreground=foreground, echo=not as_json)
 
 
 def _notify_spec(kw: dict[str, Any]) -> Any:
@@ -221,25 +250,18 @@ def _show_started(started: Started, as_json: bool, foreground: bool) -> None:
     _how_to_watch(run_dir)
 
 
-def _submit_slurm(
-    config: str, overrides: tuple[str, ...], opts: RunOptions, req: SlurmRequest, existing: str | None, as_json: bool
-) -> None:
-    """`train --slurm`: submit the run as a batch job, then say how to watch it."""
-    from ftlaunch.plan.render import plan_renderables
-    from ftlaunch.run.slurm.submit import submit_run
+def _show_submitted(started: Started, nodes: int, as_json: bool) -> None:
+    """A run submitted to a scheduler (Slurm): its job and how to watch it."""
     from ftlaunch.run.store import RunFolder
 
-    sub = submit_run(config, overrides, opts, req, env_now(), cwd=os.getcwd(), existing=existing or "refuse")
-    for n in sub.warnings:  # a local filesystem works when every "node" is this machine: say so, do not refuse
+    for n in started.notes:  # a local filesystem works when every "node" is this machine: say so, do not refuse
         click.echo(f"warning: {n}", err=True)
-    run_dir, job, p = sub.run_dir, sub.job, sub.plan
+    run_dir, job = started.run_dir, started.job
     if as_json:
         echo_json({"id": run_dir.name, "run_dir": str(run_dir), "slurm_job_id": job})
         return
-    for r in plan_renderables(p):
-        err_console.print(r)
     script = RunFolder(run_dir).job_script
-    click.echo(f"submitted run {run_dir.name} as Slurm job {job} ({req.nodes} node(s)); script {script}")
+    click.echo(f"submitted run {run_dir.name} as Slurm job {job} ({nodes} node(s)); script {script}")
     click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
     click.echo(f"  status: ftlaunch status {run_dir.name}   (queued while Slurm holds it)")
     click.echo(f"  stop:   ftlaunch stop {run_dir.name}     (scancel)")

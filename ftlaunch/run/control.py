@@ -1,5 +1,6 @@
-"""Acting on an existing run from any shell: `stop` (signal its supervisor, fail closed on an unknown
-pid; scancel a Slurm job), `resume` (re-attach to a live run, or restart a dead one from its last
+"""Acting on an existing run from any shell: `stop` (its engine first: scancel a Slurm job; else signal
+its supervisor, fail closed on an unknown pid), `resume` (its engine first: sbatch a Slurm run again;
+else re-attach to a live run, or restart a dead one from its last
 complete checkpoint under the output_dir lock, after optional config edits) and rebuilding a lost
 state.json from the run's config.
 """
@@ -11,7 +12,6 @@ import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from ftlaunch.errors import BusyError, ConfigError, StateError, StateVersionErro
 from ftlaunch.files import now_iso
 from ftlaunch.plan.config import split_secrets
 from ftlaunch.run import progress as prog
+from ftlaunch.run.engines import Resumed, ResumeOutcome, of_state
 from ftlaunch.run.environment import refuse_resume
 from ftlaunch.run.launch import supervise
 from ftlaunch.run.orphans import TrainerAlive, live_trainers, runs_of_output_dir, stop_trainer
@@ -39,44 +40,15 @@ from ftlaunch.run.store import (
 from ftlaunch.run.trainer import find_trainer
 
 
-def _stop_slurm_job(run_dir: Path, job: str, grace: float, env: Mapping[str, str]) -> str | None:
-    """scancel a Slurm run's job while Slurm holds it: its batch step stops the supervisor, which
-    stops the trainer gracefully. None when the job is over (then stop as any run)."""
-    from ftlaunch.run.slurm import sbatch as slurm
-
-    job_state = slurm.job_state(job, env)
-    if job_state not in slurm.ACTIVE_STATES:
-        return None
-    # Before the scancel: the batch step reads it to tell this stop from Slurm's own SIGTERM
-    # (a requeue or a preemption), which must never read as a user's stop.
-    append_event(run_dir, "stop_requested", job_id=job, slurm_state=job_state)
-    slurm.cancel(job, env)
-    append_event(run_dir, "scancel", job_id=job, slurm_state=job_state)
-    if job_state in slurm.QUEUED_STATES:
-        update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="cancelled while queued")
-        return f"run {run_dir.name}: Slurm job {job} cancelled while {job_state.lower()}"
-    # Done when the supervisor has recorded the stop and Slurm has let the job go: until then a
-    # stopped supervisor inside a still-active job reads as a job about to be requeued.
-    deadline = time.monotonic() + grace + 30
-    while time.monotonic() < deadline:
-        if _status_now(run_dir).is_terminal() and slurm.job_state(job, env) not in slurm.ACTIVE_STATES:
-            return f"run {run_dir.name} stopped (Slurm job {job} cancelled)"
-        time.sleep(0.2)
-    if _status_now(run_dir).is_terminal():
-        return f"run {run_dir.name} stopped; Slurm still lists job {job} as active"
-    return f"run {run_dir.name}: Slurm job {job} cancelled; its supervisor has not recorded the stop yet"
-
-
 def stop_run(run_dir: Path, env: Mapping[str, str], grace: float = 30.0) -> str:
     """SIGTERM the supervisor (it stops the trainer's group once and records it); clean up if it is gone.
 
     Liveness decides, and a live supervisor is always the one told: a trainer signalled behind its
     supervisor's back would count as a crash and be restarted."""
     state = _wait_while_starting(run_dir, read_state(run_dir), env)
-    if state.slurm_job_id:
-        said = _stop_slurm_job(run_dir, state.slurm_job_id, grace, env)
-        if said:
-            return said
+    said = of_state(state).stop(run_dir, state, env, grace)  # where the engine holds it (Slurm: scancel)
+    if said:
+        return said
     status = state.status
     pid, started = state.pid, state.pid_start
     live = liveness(pid, started)
@@ -141,24 +113,6 @@ def _status_now(run_dir: Path) -> RunStatus:
     return state.status if state is not None else RunStatus.LOST
 
 
-class ResumeOutcome(StrEnum):
-    ALIVE = "alive"  # its supervisor lives: nothing restarted (``pid``: the supervisor's)
-    FINISHED = "finished"  # it succeeded: nothing to do
-    RESTARTED = "restarted"  # a new detached supervisor (``pid``)
-    FOREGROUND = "foreground"  # restarted and run to its end here (``exit_code``)
-    IN_SLURM = "in_slurm"  # a Slurm run whose job Slurm still holds (``job``, ``slurm_state``): nothing done
-    RESUBMITTED = "resubmitted"  # a Slurm run submitted again through sbatch (``job``: the new job id)
-
-
-@dataclass(frozen=True)
-class Resumed:
-    outcome: ResumeOutcome
-    pid: int | None = None
-    exit_code: int | None = None
-    job: str | None = None
-    slurm_state: str | None = None
-
-
 def resume_run(
     run_dir: Path,
     env: Mapping[str, str],
@@ -196,10 +150,18 @@ def resume_run(
             f"run {run_dir.name} is a Slurm job: --gpu does not re-plan it",
             hint="resume it as it was planned (its job.sbatch names its nodes)",
         )
-    if state.slurm_job_id and env.get("SLURM_JOB_ID") != state.slurm_job_id:
-        # A Slurm run trains only inside its own job (the batch step resumes it there): from
-        # anywhere else, resume means sbatch again.
-        return _resume_in_slurm(run_dir, state, env, overrides, allow_global_batch_change, allow_env_change, cwd)
+
+    # A run its engine resumes (a Slurm run trains only inside its own job: from anywhere else, resume
+    # means sbatch again); None: restart it here.
+    def edit() -> None:
+        if overrides:
+            edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
+
+    resumed = of_state(state).resume(
+        run_dir, state, env, edit=edit, overrides=overrides, cwd=cwd, allow_env_change=allow_env_change
+    )
+    if resumed is not None:
+        return resumed
     edits = overrides if hardware is None else (*overrides, "--gpu")  # a live run's config never changes
     verdict = _resume_verdict(run_dir, state, edits)
     if verdict is not None:
@@ -254,69 +216,6 @@ def resume_run(
     if foreground:
         return Resumed(ResumeOutcome.FOREGROUND, exit_code=started.exit_code)
     return Resumed(ResumeOutcome.RESTARTED, pid=started.pid)
-
-
-def _resume_in_slurm(
-    run_dir: Path,
-    state: RunState,
-    env: Mapping[str, str],
-    overrides: tuple[str, ...],
-    allow_global_batch_change: bool,
-    allow_env_change: bool = False,
-    cwd: str | Path | None = None,
-) -> Resumed:
-    """`resume` of a Slurm run from a login node: nothing while Slurm holds its job (it resumes when it
-    runs); else the same job.sbatch is submitted again (same run directory; the job resumes from the
-    last complete checkpoint). A job Slurm cannot answer for may be alive: refused, nothing submitted."""
-    from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock
-    from ftlaunch.run.slurm import sbatch as slurm
-
-    job = str(state.slurm_job_id)
-    info = slurm.query_job(job, env)
-    if not info.known:
-        raise BusyError(
-            f"run {run_dir.name}: Slurm did not answer for job {job}; it may still be alive, so nothing was submitted",
-            hint="try again once squeue works",
-        )
-    if info.active:
-        if overrides:
-            raise BusyError(
-                f"run {run_dir.name} is Slurm job {job} ({info.state}): its config cannot change under it",
-                hint=f"stop it first (`ftlaunch stop {run_dir.name}`), then resume with the change",
-            )
-        return Resumed(ResumeOutcome.IN_SLURM, job=job, slurm_state=info.state)
-    if state.status is RunStatus.SUCCEEDED:
-        return Resumed(ResumeOutcome.FINISHED, exit_code=0)
-    # No run of this machine may hold the output_dir now; the job's supervisor takes the lock itself.
-    try:
-        acquire_output_lock(env, state.output_dir or "", run_dir.name).close()
-    except OutputDirBusy as exc:
-        if exc.holder != run_dir.name:
-            raise
-        raise BusyError(f"run {run_dir.name} is being started by another process right now") from None
-    if overrides:
-        edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
-    last = prog.last_complete_checkpoint(Path(state.output_dir or ""))
-    new_job = slurm.submit(RunFolder(run_dir).job_script, {**env, **({} if cwd is None else {"PWD": str(cwd)})})
-    frm = last[1].name if last else "the start"
-    update_state(
-        run_dir,
-        status=RunStatus.QUEUED,
-        slurm_job_id=new_job,
-        budget=state.budget.refilled(),
-        pid=None,
-        trainer_pid=None,
-        failure_kind=None,
-        exit_code=None,
-        ended=None,
-        allow_env_change=allow_env_change or None,  # the job's supervisor compares on its node
-        message=f"resubmitted as Slurm job {new_job}; resumes from {frm} when it runs",
-    )
-    append_event(
-        run_dir, "resubmitted", job_id=new_job, previous_job=job, previous=state.status.value,
-        slurm_state=info.state, from_checkpoint=last[1].name if last else None,
-    )  # fmt: skip
-    return Resumed(ResumeOutcome.RESUBMITTED, job=new_job)
 
 
 def _end_orphans(run_dir: Path, env: Mapping[str, str], output_dir: str, state: RunState, grace: float = 30.0) -> None:

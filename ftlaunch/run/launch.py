@@ -1,19 +1,17 @@
 """Launching: write a run's folder completely and make it visible with one rename (``create_run``),
-claim its output_dir first (``new_run``), start its supervisor detached (``start_detached``) or here
-(``supervise``), and the one launch use case ``start_run`` that `train` and `schedule run` call:
-plan, check, simulate a tight plan, create, supervise.
+claim its output_dir first (``new_run``), and the one launch use case ``start_run`` that `train` and
+`schedule run` call for every engine: plan, check (LLaMA-Factory's parser, the disk forecast), simulate
+a tight plan, create, hand to the engine (ftlaunch.run.engines). Starting a supervisor on this machine
+(``supervise``, ``start_detached``) is the local engine's (run/engines/local.py), re-exported here.
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from ftlaunch.errors import BusyError, StateError
 from ftlaunch.files import now_iso
 from ftlaunch.locks import set_owner
 from ftlaunch.plan.config import (
@@ -24,13 +22,18 @@ from ftlaunch.plan.config import (
 )
 from ftlaunch.plan.planner import Plan
 from ftlaunch.plan.render import plan_text
+from ftlaunch.run.engines import Created, Engine, Started
+from ftlaunch.run.engines.local import Local, start_detached, supervisor_command
 from ftlaunch.run.options import SupervisorSettings
 from ftlaunch.run.outdir import Existing, claim_output_dir, home_problem
 from ftlaunch.run.prepare import PlanRequest
-from ftlaunch.run.procs import spawn_detached
 from ftlaunch.run.state import Budget, RunState, RunStatus, StartFacts
-from ftlaunch.run.store import NewRun, RunFolder, append_event, create_folder, read_state, runs_root
+from ftlaunch.run.store import NewRun, append_event, create_folder, runs_root
 from ftlaunch.run.trainer import find_trainer, public_env
+
+# Re-exported: the local engine's shell, and what a launch returns, under the names callers know.
+__all__ = ["Started", "create_run", "new_run", "simulate_if_tight", "start_detached", "start_run", "supervise"]
+__all__ += ["supervisor_command"]
 
 
 def create_run(
@@ -127,55 +130,16 @@ def new_run(
     return run_dir, lock
 
 
-def supervisor_command(run_dir: Path, lock_fd: int | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "ftlaunch.run.supervisor", str(run_dir)]
-    return cmd if lock_fd is None else [*cmd, "--lock-fd", str(lock_fd)]
-
-
-def start_detached(run_dir: Path, env: Mapping[str, str], wait: float = 60.0, lock: IO[str] | None = None) -> int:
-    """Spawn the supervisor in a new session; return its pid once it has taken over the run.
-
-    ``lock``: the output_dir lock this process holds; the supervisor inherits it (same open file,
-    so the lock never lapses) and this process lets go of its copy. Without it, a supervisor that
-    finds the output_dir busy exits 7, and so does this call."""
-    try:
-        find_trainer(env)  # fail now, in the user's shell, rather than in the background
-        fd = lock.fileno() if lock is not None else None
-        log = RunFolder(run_dir).supervisor_log
-        proc = spawn_detached(supervisor_command(run_dir, fd), env, log, cwd=run_dir, pass_fds=(fd,) if fd else ())
-    finally:
-        if lock is not None:
-            lock.close()
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            pid = read_state(run_dir).pid
-        except StateError:
-            pid = None
-        if pid == proc.pid:
-            break
-        if proc.poll() is not None:
-            if proc.returncode == 0:
-                break  # already done (a finished run)
-            tail = RunFolder(run_dir).supervisor_log.read_text(errors="replace").strip().splitlines()[-1:]
-            why = tail[0] if tail else f"exit {proc.returncode}"
-            if proc.returncode == int(BusyError.exit_code):
-                raise BusyError(why.removeprefix("ftlaunch supervisor: "))
-            raise StateError(f"the supervisor of run {run_dir.name} did not start: {why}")
-        time.sleep(0.05)
-    return proc.pid
-
-
 # ---------------------------------------------------------------- the one launch use case
 
 
-@dataclass(frozen=True)
-class Started:
-    """A run handed to its supervisor: detached (``pid``) or run to its end here (``exit_code``)."""
+def supervise_here(run_dir: Path, env: Mapping[str, str], lock: IO[str] | None, echo: bool, poll: float | None) -> int:
+    """The run's supervisor in this process until the run ends: its exit code (the local engine's
+    foreground, ``Local.here``)."""
+    from ftlaunch.run.supervisor import Supervisor
 
-    run_dir: Path
-    pid: int | None = None
-    exit_code: int | None = None
+    kw = {} if poll is None else {"poll": poll}
+    return Supervisor(run_dir, env, echo=echo, lock=lock, **kw).run()
 
 
 def supervise(
@@ -187,13 +151,10 @@ def supervise(
     echo: bool = True,
     poll: float | None = None,
 ) -> Started:
-    """Hand a created (or restarted) run, and the output_dir lock held for it, to its supervisor:
-    here until the run ends (``foreground``), else detached in a new session."""
+    """Hand a created (or restarted) run, and the output_dir lock held for it, to its supervisor on this
+    machine: here until the run ends (``foreground``), else detached in a new session."""
     if foreground:
-        from ftlaunch.run.supervisor import Supervisor
-
-        kw = {} if poll is None else {"poll": poll}
-        return Started(run_dir, exit_code=Supervisor(run_dir, env, echo=echo, lock=lock, **kw).run())
+        return Started(run_dir, exit_code=supervise_here(run_dir, env, lock, echo, poll))
     return Started(run_dir, pid=start_detached(run_dir, env, lock=lock))
 
 
@@ -215,6 +176,7 @@ def start_run(
     env: Mapping[str, str],
     settings: SupervisorSettings,
     *,
+    engine: Engine | None = None,
     existing: Existing = Existing.REFUSE,
     simulate: bool | None = None,
     foreground: bool = False,
@@ -225,28 +187,38 @@ def start_run(
     on_created: Callable[[Path, Plan], None] | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> Started:
-    """`train` and `schedule run`: plan the config for this machine, have LLaMA-Factory's parser check
-    it (run/preflight.py), claim its output_dir, create the run, then supervise it (detached or here).
+    """`train` and `schedule run`, for every engine: plan the config for the engine's machine, have
+    LLaMA-Factory's parser check it (run/preflight.py), forecast its disk use, simulate it when tight,
+    claim its output_dir, create the run, then hand it to the engine (ftlaunch.run.engines).
 
-    ``settings``: `RunOptions.supervisor_settings()`; ``facts``: state fields known before the start
-    (the schedule that starts it); ``check(plan)`` may refuse a plan before anything
-    is written; ``on_created(run_dir, plan)`` runs once the run exists, before it starts."""
+    ``engine``: where the supervisor lives; default the local engine with ``foreground``, ``echo`` and
+    ``poll`` (detached, or here until the run ends). ``settings``: `RunOptions.supervisor_settings()`;
+    ``facts``: state fields known before the start (the schedule that starts it); ``check(plan)`` may
+    refuse a plan before anything is written; ``on_created(run_dir, plan)`` runs once the run exists,
+    before the engine starts it."""
     from ftlaunch.run.disk import disk_check
     from ftlaunch.run.notify import notice_forecast
     from ftlaunch.run.preflight import preflight
     from ftlaunch.run.preflight import require as require_preflight
     from ftlaunch.run.prepare import make_plan
 
+    engine = engine if engine is not None else Local(foreground=foreground, echo=echo, poll=poll)
+    if isinstance(engine, Local) and engine.here is None:
+        engine = replace(engine, here=supervise_here)  # the supervisor, should it run in this process
+    request = engine.request(request)
     loaded, p = make_plan(request, env)
+    p = engine.adapt(p)  # the engine's final word (Slurm: CPU nodes, one process each): what is checked
     if check is not None:
         check(p)
-    find_trainer(env)  # fail now, in the user's shell, rather than in the background
+    find_trainer(env)  # fail now, in the user's shell, rather than in the background (or in a queue)
     # LLaMA-Factory's own parser on the adapted config, in the trainer's Python (cached): exit 3 if it refuses.
     require_preflight(preflight(p, env, say=say))
-    # Refused (exit 17) when one checkpoint cannot fit; a warning when the run will fill the disk.
+    # Refused (exit 17) when one checkpoint cannot fit; a warning when the run will fill the disk. The
+    # forecast goes into the state: the supervisor guards each save with it, wherever it runs.
     facts = facts.joined(disk_check(p, request.params, request.model_config, say))
     p = simulate_if_tight(p, simulate, request.model_config, say)
-    # Holds the output_dir's lock from here on, handed to the supervisor: exit 7 if it is taken.
+    facts = facts.joined(StartFacts(engine=engine.name))
+    # Holds the output_dir's lock from here on, handed to the engine: exit 7 if it is taken.
     run_dir, lock = new_run(loaded, p, env, settings, existing=existing, facts=facts)
     try:
         if on_created is not None:
@@ -255,4 +227,4 @@ def start_run(
         lock.close()
         raise
     notice_forecast(run_dir, env, facts)  # "the disk fills at step N": to the run's notification destinations too
-    return supervise(run_dir, env, lock, foreground=foreground, echo=echo, poll=poll)
+    return engine.launch(Created(run_dir, p, lock), env)

@@ -144,6 +144,7 @@ class StartFacts:
     disk: Mapping[str, Any] | None = None
     warnings: tuple[str, ...] | None = None
     schedule: str | None = None
+    engine: str | None = None  # where its supervisor lives (ftlaunch.run.engines): local, slurm, ...
 
     def joined(self, other: StartFacts) -> StartFacts:
         """These facts, with the ones ``other`` knows put over them."""
@@ -220,6 +221,7 @@ class RunState:
     accumulation: int | None = None
     memory_key: str | None = None
     schedule: str | None = None  # the schedule that started it
+    engine: str | None = None  # where its supervisor lives (ftlaunch.run.engines); None: a run of before engines
     # how it is supervised
     recover: bool = True
     on_diverge: OnDiverge | None = None  # numeric health policy (ftlaunch.run.health)
@@ -328,6 +330,13 @@ class RunState:
                 value = dict(value)
             out[f.name] = value
         return {**self.extra, **out}
+
+    def engine_name(self) -> str:
+        """The run's engine: the recorded one; a run written before engines were recorded is Slurm's
+        when its state has Slurm keys, else local."""
+        if self.engine:
+            return self.engine
+        return "slurm" if self.slurm_job_id or self.slurm or self.slurm_job else "local"
 
     def changed(self, **changes: Any) -> RunState:
         """This state with ``changes`` (field names; an unknown name is a TypeError)."""

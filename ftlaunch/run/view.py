@@ -1,5 +1,6 @@
-"""A run as `status` and `runs` show it: the shell that looks. It reads the state, asks whether the
-supervisor and trainer live (failing closed) or, for a Slurm run, Slurm; reads the GPU memory in use
+"""A run as `status` and `runs` show it: the shell that looks. It reads the state, asks the run's engine
+what the run is now (ftlaunch.run.engines: whether a local supervisor lives, failing closed; for a
+Slurm run, Slurm), whether the trainer lives; reads the GPU memory in use
 and the cost from the run's own records, and a dead supervisor's last word; ``view_of`` in
 ftlaunch.run.runview (pure) decides from that what ``RunView`` shows (re-exported here). ``find_run``
 turns a RUN argument (an id, a unique id prefix, a name; the latest run by default) into its folder,
@@ -17,9 +18,10 @@ from pathlib import Path
 from ftlaunch.errors import FtlaunchError, RunNotFoundError, StateError
 from ftlaunch.probe.usage import gpu_memory_of
 from ftlaunch.run import progress as prog
+from ftlaunch.run.engines import of_state
 from ftlaunch.run.journal import read_last_word
 from ftlaunch.run.procs import Liveness, liveness
-from ftlaunch.run.runview import CostView, RunView, Seen, is_live, local_status, view_of, wants_last_word
+from ftlaunch.run.runview import CostView, RunView, Seen, is_live, view_of, wants_last_word
 from ftlaunch.run.runview import StallView as StallView  # re-exported with RunView and CostView
 from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import RunFolder, list_runs, read_events, read_state, run_name, runs_root
@@ -32,11 +34,9 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
     state = read_state(run_dir)
     live = liveness(state.pid, state.pid_start)
     trainer_live = liveness(state.trainer_pid, state.trainer_start)
-    slurm_state = None
-    if state.slurm_job_id:
-        status, slurm_state = _slurm_status(state.slurm_job_id, state.status, os.environ if env is None else env)
-    else:
-        status = local_status(state, live)
+    # Its engine says what it is now: a local run's supervisor liveness, a Slurm run's job in Slurm.
+    now_seen = of_state(state).status(state, os.environ if env is None else env)
+    status, slurm_state = now_seen.status, now_seen.job_state
     p = state.progress or {}
     gpu_gib = None
     if trainer_live is Liveness.ALIVE and state.gpu_count and state.trainer_pid:
@@ -48,27 +48,6 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
         last_word = read_last_word(run_dir, state.output_dir, state.pid, state.pid_start)
     seen = Seen(status, slurm_state, live, trainer_live, gpu_gib, cost, last_word)
     return view_of(state, run_dir, seen, now, time.time())
-
-
-def _slurm_status(job_id: str, recorded: RunStatus, env: Mapping[str, str]) -> tuple[RunStatus, str | None]:
-    """A Slurm run: queued/starting while Slurm holds the job and no supervisor has taken over; the
-    supervisor's own status while the job runs; lost when Slurm no longer runs the job and no final
-    status was written. From squeue and scontrol, so it works without accounting (sacct); when no
-    Slurm command answers, the recorded status stands (it may be alive: fail closed). The local pid
-    says nothing here: the supervisor runs on the job's first node."""
-    from ftlaunch.run.slurm import sbatch as slurm
-
-    info = slurm.query_job(job_id, env)
-    job_state = info.state
-    if not info.known:
-        return recorded, None
-    if job_state in slurm.ACTIVE_STATES:
-        if recorded in (RunStatus.RUNNING, RunStatus.RECOVERING) and job_state not in slurm.QUEUED_STATES:
-            return recorded, job_state
-        return RunStatus(slurm.status_of(job_state) or recorded.value), job_state
-    if recorded.is_terminal():
-        return recorded, job_state
-    return RunStatus.LOST, job_state
 
 
 def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, now) -> CostView:

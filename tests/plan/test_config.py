@@ -213,6 +213,7 @@ def test_a_plan_imports_planning_only(tmp_path):
         "ftlaunch.hub.download",
         "ftlaunch.plan.memory.simulate",
         "omegaconf",
+        "ray",
         "torch",
     ):
         assert module not in loaded, module

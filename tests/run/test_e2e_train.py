@@ -66,7 +66,7 @@ def test_plan_is_fast_and_light(tmp_path):
         "import sys, time; t=time.perf_counter(); from ftlaunch.cli.main import main\n"
         "try:\n main(['plan','examples/train_full/qwen3_full_sft.yaml','--gpu','V100-32GB','--json'])\n"
         "except SystemExit: pass\n"
-        "bad=[m for m in ('torch','transformers','llamafactory','datasets') if m in sys.modules]\n"
+        "bad=[m for m in ('torch','transformers','llamafactory','datasets','ray') if m in sys.modules]\n"
         "print('HEAVY', bad, file=sys.stderr); print('SECONDS', time.perf_counter()-t, file=sys.stderr)"
     )
     t0 = time.perf_counter()

@@ -84,7 +84,9 @@ def next_step(
         return Next(Step.DONE, RunStatus.LOST, f"job {submission_id} ended without the supervisor recording an end")
     # FAILED while the run still runs: the driver died from outside (kill -9, a lost node, OOM killer).
     count = 0 if progressed else no_progress + 1
-    why = (job.message or f"driver exit code {job.driver_exit_code}").strip().splitlines()[0][:200]
+    # Ray's message: "Job entrypoint command failed with exit code -9, last available logs ...": its head.
+    why = (job.message or f"driver exit code {job.driver_exit_code}").split(", last available logs")[0]
+    why = why.strip().splitlines()[0][:200] if why.strip() else f"driver exit code {job.driver_exit_code}"
     if count >= limit:
         return Next(
             Step.DONE,
@@ -97,7 +99,7 @@ def next_step(
         Step.RESUBMIT,
         RunStatus.RECOVERING,
         f"job {submission_id} failed from outside ({why}); submitting the next attempt "
-        f"[{count + 1}/{limit} without a new checkpoint]",
+        f"[restart brake {count}/{limit}: attempts in a row without a new checkpoint]",
         count,
     )
 

@@ -16,10 +16,11 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from ftlaunch.errors import BusyError
 from ftlaunch.files import home
 from ftlaunch.run import progress as prog
 from ftlaunch.run.procs import Liveness, liveness, spawn_detached
@@ -59,9 +60,10 @@ def job_env(env: Mapping[str, str], plan_env: Mapping[str, str], python: str) ->
 def entrypoint(run_dir: Path, python: str, first: bool) -> str:
     """The supervisor for a run that never started; else a foreground resume (from the last complete
     checkpoint, this run's orphaned trainer ended first)."""
+    # exec: the job's driver (the entrypoint's process) is ftlaunch itself, not a shell above it.
     if first:
-        return f"{shlex.quote(python)} -m ftlaunch.run.supervisor {shlex.quote(str(run_dir))}"
-    return f"{shlex.quote(python)} -m ftlaunch resume {shlex.quote(run_dir.name)} --foreground --no-follow"
+        return f"exec {shlex.quote(python)} -m ftlaunch.run.supervisor {shlex.quote(str(run_dir))}"
+    return f"exec {shlex.quote(python)} -m ftlaunch resume {shlex.quote(run_dir.name)} --foreground --no-follow"
 
 
 def driver_resources(state: RunState) -> tuple[float, float | None]:
@@ -166,17 +168,26 @@ def stop_job(run_dir: Path, grace: float = 30.0, poll: float = 0.2) -> str:
     return f"run {run_dir.name} stopped (Ray job {sub.id} {info.status.lower()})"
 
 
-def resubmit_by_hand(run_dir: Path, env: Mapping[str, str]) -> str | None:
+def resubmit_by_hand(
+    run_dir: Path, env: Mapping[str, str], edit: Callable[[], None] = lambda: None, changes: bool = False
+) -> str | None:
     """`ftlaunch resume` of a Ray run from any shell: nothing while its job runs (a follower is
-    started again if none lives); else the next attempt is submitted (a fresh budget) and followed.
-    None: the job is alive. Raises EngineUnreachable when the head does not answer."""
+    started again if none lives; ``changes`` to its config are refused); else ``edit()`` applies the
+    config edits and the next attempt is submitted (a fresh budget) and followed. None: the job is
+    alive. Raises EngineUnreachable when the head does not answer: nothing is submitted then."""
     record = read_record(run_dir)
     sub = record.current
     info = jobs.job(record.address, sub.id) if sub else None
     if info is not None and not info.terminal:
+        if changes:
+            raise BusyError(
+                f"run {run_dir.name} is Ray job {sub.id} ({info.status}): its config cannot change under it",
+                hint=f"stop it first (`ftlaunch stop {run_dir.name}`), then resume with the change",
+            )
         if not follower_alive(record):
             start_follower(run_dir, env)
         return None
+    edit()
     state = read_state(run_dir)
     update_state(
         run_dir,

@@ -1,17 +1,17 @@
-"""`train --slurm`: plan for nodes x GPUs (or CPU nodes), write the run directory with its job
-script, submit it.
+"""What the Slurm engine (run/engines/slurm.py) plans and writes: the machine of all the nodes
+(``cluster_gpu_spec``), a CPU plan spread over CPU nodes (``cpu_nodes_plan``), and the job's files
+written into a created run and submitted (``write_and_submit``).
 
 The global batch is kept across all the processes of all the nodes (the plan's world size is
-nodes x GPUs per node; on CPU nodes, one process per node). The output_dir is claimed as for any
-`train`, then released: the job's supervisor takes the lock again on the batch host when Slurm
-starts it. A submission sbatch refuses leaves nothing behind (the run directory is removed).
+nodes x GPUs per node; on CPU nodes, one process per node). The run is planned, checked and created
+by `start_run` as any run is; the output_dir lock is then let go: the job's supervisor takes it again
+on the batch host when Slurm starts it. A submission sbatch refuses leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,9 @@ from ftlaunch.files import home
 from ftlaunch.plan.batch import split_batch
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import catalog_hardware
-from ftlaunch.run.options import RunOptions
 from ftlaunch.run.slurm import sbatch as slurm
 from ftlaunch.run.state import RunStatus
-from ftlaunch.run.store import RunFolder, append_event, update_state
-from ftlaunch.run.trainer import find_trainer
+from ftlaunch.run.store import RunFolder, append_event, read_state, update_state
 
 
 def cluster_gpu_spec(gpu: str | None, nodes: int) -> tuple[str, int]:
@@ -77,55 +75,11 @@ def cpu_nodes_plan(p: Any, nodes: int) -> Any:
     )
 
 
-@dataclass(frozen=True)
-class Submitted:
-    """A run submitted to Slurm: its directory, the job id, the plan, and what the user should be told
-    (a run directory or output_dir on a filesystem other nodes cannot see: said, not refused)."""
-
-    run_dir: Path
-    job: str
-    plan: Any
-    warnings: tuple[str, ...] = ()
-
-
-def submit_run(
-    config: str,
-    overrides: tuple[str, ...],
-    opts: RunOptions,
-    req: slurm.SlurmRequest,
-    env: Mapping[str, str],
-    *,
-    cwd: str | Path,
-    existing: str = "refuse",
-) -> Submitted:
-    """Plan, create the run (status queued), write job.sbatch and srun-trainer.sh, sbatch it.
-
-    ``cwd`` is the caller's working directory (the job's PWD), read at the edge. A refused submission
-    removes the run directory again and raises TrainerError (exit 13) with sbatch's exit code and
-    message."""
-    from ftlaunch.run.launch import new_run
-    from ftlaunch.run.outdir import Existing
-    from ftlaunch.run.prepare import make_plan
-
-    spec, per_node = cluster_gpu_spec(opts.gpu, req.nodes)
-    req = replace(req, gpus_per_node=per_node)
-    loaded, p = make_plan(replace(opts, gpu=spec).plan_request(config, overrides, strict=True), env)
-    if req.cpu:
-        p = cpu_nodes_plan(p, req.nodes)
-    trainer = find_trainer(env)
-    run_dir, lock = new_run(loaded, p, env, opts.supervisor_settings(), existing=Existing(existing))
-    lock.close()  # the job's supervisor takes it on the batch host
-    try:
-        job, notes = _write_and_submit(run_dir, p, req, trainer, env, cwd)
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # a job that was never submitted leaves no run behind
-        raise
-    return Submitted(run_dir, job, p, tuple(notes))
-
-
-def _write_and_submit(
+def write_and_submit(
     run_dir: Path, p: Any, req: slurm.SlurmRequest, trainer: list[str], env: Mapping[str, str], cwd: str | Path
 ) -> tuple[str, list[str]]:
+    """Write job.sbatch and srun-trainer.sh into the created run, record it queued, sbatch it: (job id,
+    notes for the user). The engine (run/engines/slurm.py) removes the run when this raises."""
     notes = []
     for path, what in ((run_dir, "the run directory"), (Path(str(p.config.get("output_dir") or ".")), "output_dir")):
         fs = slurm.local_filesystem(path.parent if not path.exists() else path, slurm.mounts_text())
@@ -146,7 +100,8 @@ def _write_and_submit(
         "time": req.time,
         "master_addr": req.master_addr,
     }
-    update_state(run_dir, status=RunStatus.QUEUED, slurm=record, warnings=tuple(notes))
+    warnings = (*(read_state(run_dir).warnings or ()), *notes)  # the disk forecast's warning kept
+    update_state(run_dir, status=RunStatus.QUEUED, slurm=record, warnings=warnings or None)
     job = slurm.submit(folder.job_script, {**env, "PWD": str(cwd)})
     update_state(run_dir, slurm_job_id=job)
     append_event(run_dir, "submitted", job_id=job, nodes=req.nodes, gpus_per_node=req.gpus_per_node, notes=notes)
