@@ -64,7 +64,12 @@ def _how_to_watch(run_dir: Path, stop_note: str = "") -> None:
     "--engine",
     type=click.Choice(engine_names()),
     default=None,
-    help="Where the run's supervisor lives [default: local]: local (this machine), slurm (a batch job: sbatch).",
+    help="Where the run's supervisor lives [default: local]: local (this machine), slurm (a batch job: sbatch),"
+    " ray (a Ray job on the cluster at --address).",
+)
+@click.option(
+    "--address",
+    help="--engine ray: the head's dashboard URL, e.g. http://HEAD:8265 [default: $RAY_ADDRESS, else 127.0.0.1:8265].",
 )
 @click.option("--slurm", is_flag=True, help="Same as --engine slurm: submit to Slurm; --gpu names one node.")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="--slurm: nodes to ask for.")
@@ -91,6 +96,7 @@ def train(
     existing: str | None,
     as_json: bool,
     engine: str | None,
+    address: str | None,
     slurm: bool,
     nodes: int,
     partition: str | None,
@@ -111,6 +117,12 @@ def train(
     (torchrun across nodes, requeued and resumed when the time limit nears), checked here first as any
     run is (LLaMA-Factory's parser, the disk forecast, a tight plan simulated); status, logs, stop work
     as for any run, and resume submits it again. --gpu none: CPU nodes (fp32, gloo, one process per node).
+
+    With --engine ray, the run is a Ray job on the cluster at --address (or RAY_ADDRESS), planned for
+    its largest node's resources; its supervisor is the job's driver, and a job that fails from outside
+    (driver killed, node lost) is submitted again and resumes from the last complete checkpoint:
+    `ftlaunch train cfg.yaml --engine ray --address http://HEAD:8265 --gpu nonex2` (an example that
+    needs a head, so not in the list below, whose every line tests/cli/test_help_examples.py runs).
 
     \b
     Examples:
@@ -133,8 +145,11 @@ def train(
     if slurm and engine not in (None, "slurm"):
         raise click.UsageError(f"--slurm is --engine slurm: it does not go with --engine {engine}")
     engine = "slurm" if slurm else engine or "local"
-    eng = _engine(engine, foreground, follow, as_json, nodes, partition, time_limit, account, sbatch_args,
-                  master_addr, rendezvous_timeout)  # fmt: skip
+    if address and engine != "ray":
+        raise click.UsageError("--address goes with --engine ray")
+    eng = _ray_engine(address, foreground, follow) if engine == "ray" else None
+    eng = eng or _engine(engine, foreground, follow, as_json, nodes, partition, time_limit, account, sbatch_args,
+                         master_addr, rendezvous_timeout)  # fmt: skip
     started = start_run(
         opts.plan_request(config, overrides, strict=True, progress=stderr_is_tty()),
         env_now(),
@@ -145,6 +160,9 @@ def train(
         on_created=lambda run_dir, p: (_keep_notify(run_dir, notify), _show_created(run_dir, p, as_json, foreground)),
         say=lambda text: err_console.print(text, highlight=False),
     )
+    if started.job is not None and engine == "ray":
+        _show_ray_submitted(started, as_json)
+        return
     if started.job is not None:
         _show_submitted(started, nodes, as_json)
         return
@@ -184,6 +202,27 @@ def _engine(
             "--nodes, --partition, --time, --account, --sbatch-arg and --master-addr go with --slurm"
         )
     return engines.get(name)(foreground=foreground, echo=not as_json)
+
+
+def _ray_engine(address: str | None, foreground: bool, follow: bool) -> Any:
+    """--engine ray: the head's address from --address, else RAY_ADDRESS (read here, at the edge)."""
+    from ftlaunch.run import engines
+
+    if foreground or follow:
+        raise click.UsageError("--engine ray runs as a Ray job: follow it with `ftlaunch logs -f`")
+    return engines.get("ray")(address=address, env=env_now())
+
+
+def _show_ray_submitted(started: Started, as_json: bool) -> None:
+    """A run submitted as a Ray job: its submission id and how to watch it."""
+    run_dir, job = started.run_dir, started.job
+    if as_json:
+        echo_json({"id": run_dir.name, "run_dir": str(run_dir), "ray_submission_id": job})
+        return
+    click.echo(f"submitted run {run_dir.name} as Ray job {job}; follower pid {started.pid}")
+    click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
+    click.echo(f"  status: ftlaunch status {run_dir.name}   (the job's word beside it)")
+    click.echo(f"  stop:   ftlaunch stop {run_dir.name}     (never retried)")
 
 
 def _notify_spec(kw: dict[str, Any]) -> Any:

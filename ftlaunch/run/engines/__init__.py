@@ -39,11 +39,18 @@ def _slurm() -> Callable[..., Engine]:
     return Slurm
 
 
+def _ray() -> Callable[..., Engine]:
+    from ftlaunch.run.engines.ray import Ray
+
+    return Ray
+
+
 # name -> loader of the engine's class (called with the engine's launch options, or none to act on a
 # recorded run). A row's module is imported only when its engine is named.
 ENGINES: dict[str, Callable[[], Callable[..., Engine]]] = {
     "local": _local,
     "slurm": _slurm,
+    "ray": _ray,
 }
 
 
