@@ -467,6 +467,7 @@ class _Job:
     target: int  # index into the spec's destinations
     msg: dict[str, Any]
     tries: int = 0
+    sending: bool = False  # a try under way (set under the notifier's lock): what close() hands on as in flight
 
 
 @dataclass(eq=False)
@@ -586,31 +587,51 @@ class Notifier:
             for job in jobs:
                 self.attempt(job, queued=True)
 
-    def _owns(self, job: _Job) -> bool:
-        """Still this thread's job: ``close`` hands what is left to the detached child."""
-        with self._lock:
-            return job in self._pending
-
     def attempt(self, job: _Job, queued: bool = False) -> bool:
         """Try one job, retrying with backoff; record the outcome as a `notified` event. A ``queued``
-        job that ``close`` handed on meanwhile is left to the child (no second try, no second record)."""
+        job that ``close`` handed on meanwhile is left to the child (no second try, no second record);
+        handed on while a try was under way, a delivered one is recorded here (the child, which waits
+        for that record, then sends nothing: no message twice), a failed one left to the child."""
         err: str | None = "not tried"
+        handed_on = False
         while job.tries < self.retries:
             if job.tries:
                 time.sleep(self.backoff * 2 ** (job.tries - 1))
-            if queued and not self._owns(job):
-                return False
-            job.tries += 1
-            err = self.send(self.targets[job.target], job.msg, self.env)
-            if err is None:
-                break
-        if queued:
             with self._lock:
-                if job not in self._pending:
-                    return err is None  # handed on while it was tried: the child records it
-                self._pending.remove(job)
+                if queued and job not in self._pending:
+                    return False
+                job.sending = True
+            job.tries += 1
+            err = "not sent"
+            try:
+                err = self.send(self.targets[job.target], job.msg, self.env)
+            finally:
+                with self._lock:  # one step with the try's end: close() sees it under way, or done
+                    job.sending = False
+                    handed_on = queued and job not in self._pending
+                    if queued and not handed_on and (err is None or job.tries >= self.retries):
+                        self._pending.remove(job)  # done: nothing left for close() to hand on
+            if err is None or handed_on:
+                break
+        if handed_on and err is not None:
+            return False  # the child tries it again and records it
         self._record(job, err)
         return err is None
+
+    def told(self, job: _Job, wait: float) -> bool:
+        """Whether ``job`` was recorded delivered (by the supervisor's thread, whose try was under way
+        when it was handed on), waiting up to ``wait`` seconds for that record."""
+        from ftlaunch.run.store import read_events
+
+        target, deadline = redact_target(self.targets[job.target]), time.monotonic() + wait
+        while True:
+            for e in read_events(self.run_dir):
+                if e.get("event") == "notified" and e.get("ok") and e.get("target") == target:
+                    if e.get("notice") == job.msg.get("event") and e.get("seen_at") == job.msg.get("seen_at"):
+                        return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
     def _record(self, job: _Job, err: str | None) -> None:
         from ftlaunch.run.store import append_event
@@ -625,6 +646,7 @@ class Notifier:
                 target=redact_target(target),
                 ok=err is None,
                 tries=job.tries,
+                seen_at=job.msg.get("seen_at"),
                 latency_s=latency,
                 **({"error": _scrubbed(err, self.targets)} if err else {}),
             )
@@ -637,17 +659,16 @@ class Notifier:
             return
         self._queue.put(None)
         self._thread.join(self.close_wait)
-        with self._lock:
-            left = list(self._pending)
+        with self._lock:  # "in flight" read with the pending jobs: a try starts and ends under this lock
+            jobs = [
+                {"target": j.target, "tries": j.tries, "msg": j.msg, "in_flight": j.sending}
+                if isinstance(j, _Job)
+                else {"event": j.name, "details": j.details, "seen_at": j.seen_at}
+                for j in self._pending
+            ]
             self._pending.clear()
-        if not left:
+        if not jobs:
             return
-        jobs = [
-            {"target": j.target, "tries": j.tries, "msg": j.msg}
-            if isinstance(j, _Job)
-            else {"event": j.name, "details": j.details, "seen_at": j.seen_at}
-            for j in left
-        ]
         try:
             hand_on(self.run_dir, self.env, jobs, self.spawn)
         except Exception:
@@ -748,14 +769,18 @@ def _scrubbed(err: str, targets: Iterable[str]) -> str:
 def _finish_jobs(run_dir: Path, env: Mapping[str, str], jobs: list[Mapping[str, Any]]) -> None:
     """The detached child: the supervisor's leftover jobs, each retried to the end of its budget."""
     n = Notifier.for_run(run_dir, env)
-    for j in jobs:
+    # those whose try was under way at the handover last: waiting for that try's record delays no other
+    for j in sorted(jobs, key=lambda j: bool(j.get("in_flight"))):
         if "event" in j:  # seen, never built: built now, for every destination
             msg = n.build(_Event(str(j["event"]), dict(j.get("details") or {}), float(j.get("seen_at") or time.time())))
             for i in range(len(n.targets)):
                 if n.spec.wants(i, msg["event"]):
                     n.attempt(_Job(i, msg))
         elif 0 <= int(j["target"]) < len(n.targets):
-            n.attempt(_Job(int(j["target"]), dict(j["msg"]), tries=max(0, min(int(j.get("tries", 0)), RETRIES - 1))))
+            job = _Job(int(j["target"]), dict(j["msg"]), tries=max(0, min(int(j.get("tries", 0)), RETRIES - 1)))
+            if j.get("in_flight") and n.told(job, TIMEOUT_S + 1):
+                continue  # the supervisor's try went through after all
+            n.attempt(job)
 
 
 def main(argv: list[str] | None = None) -> int:

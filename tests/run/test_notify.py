@@ -292,3 +292,41 @@ def test_resume_with_notify_tells_the_new_destination(tmp_path, fake, isolated_h
     wait_for(lambda: "succeeded" in hook.events(), "succeeded")
     assert hook.events() == ["started", "succeeded"] and hook.got[0][2]["details"]["attempt"] == 2
     assert url not in r.output
+
+
+def test_a_message_in_flight_when_the_supervisor_ends_is_not_sent_twice(tmp_path):
+    """close() hands on a try still under way as in flight: the try goes through and is recorded by the
+    supervisor's thread; the detached child, which waits for that record, sends nothing again."""
+    from .test_recovery import make_run
+
+    run_dir, env = make_run(tmp_path, [{"ok": True}])
+    got = tmp_path / "got.txt"
+    spec = NotifySpec(cmd=f"echo sent >> {got}")
+    nt.keep_spec(run_dir, spec)
+    release, handed = threading.Event(), []
+
+    def slow(target, msg, env):
+        release.wait(10)
+        return nt.deliver(target, msg, env)
+
+    class Child:
+        def __init__(self, *a, **k):
+            self.stdin = self
+
+        def write(self, data: bytes) -> None:
+            handed.extend(json.loads(data))
+
+        def close(self) -> None:
+            pass
+
+    n = nt.Notifier(run_dir, spec, env, send=slow, close_wait=0.05, spawn=Child)
+    n.event("started")
+    wait_for(lambda: any(getattr(j, "sending", False) for j in n._pending), "the try under way")
+    n.close()
+    assert [(j["msg"]["event"], j["in_flight"]) for j in handed] == [("started", True)]
+    release.set()
+    wait_for(lambda: [e for e in read_events(run_dir) if e["event"] == "notified"], "the thread's record")
+    t0 = time.monotonic()
+    nt._finish_jobs(run_dir, env, handed)  # the child: finds the record, sends nothing
+    assert time.monotonic() - t0 < 1 and got.read_text() == "sent\n"
+    assert len([e for e in read_events(run_dir) if e["event"] == "notified"]) == 1
