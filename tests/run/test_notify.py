@@ -72,6 +72,22 @@ def files_holding(value: str, *roots: Path) -> list[str]:
     return sorted(p.name for root in roots for p in root.rglob("*") if p.is_file() and value.encode() in p.read_bytes())
 
 
+def child_taking(jobs: list[dict]) -> type:
+    """A `spawn` for the notifier's detached child that keeps the jobs handed to it (nothing runs)."""
+
+    class Child:
+        def __init__(self, *a: object, **k: object) -> None:
+            self.stdin = self
+
+        def write(self, data: bytes) -> None:
+            jobs.extend(json.loads(data))
+
+        def close(self) -> None:
+            pass
+
+    return Child
+
+
 def run_dir_of(home: Path) -> Path:
     return next(p for p in (home / "runs").iterdir() if not p.name.startswith("."))
 
@@ -309,17 +325,7 @@ def test_a_message_in_flight_when_the_supervisor_ends_is_not_sent_twice(tmp_path
         release.wait(10)
         return nt.deliver(target, msg, env)
 
-    class Child:
-        def __init__(self, *a, **k):
-            self.stdin = self
-
-        def write(self, data: bytes) -> None:
-            handed.extend(json.loads(data))
-
-        def close(self) -> None:
-            pass
-
-    n = nt.Notifier(run_dir, spec, env, send=slow, close_wait=0.05, spawn=Child)
+    n = nt.Notifier(run_dir, spec, env, send=slow, close_wait=0.05, spawn=child_taking(handed))
     n.event("started")
     wait_for(lambda: any(getattr(j, "sending", False) for j in n._pending), "the try under way")
     n.close()

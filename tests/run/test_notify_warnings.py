@@ -16,6 +16,7 @@ from ..conftest import needs_train_stack
 from ..fake_trainer import write_config
 from ..helpers import wait_for
 from .test_environment import edit_recorded, failed_with_a_checkpoint
+from .test_notify import child_taking
 from .test_reliability import cli, fake  # noqa: F401  (the scripted trainer, in-process)
 
 FILLS = "the disk fills at step 12: 1 of 3 checkpoints of 1.8 MB fit in 2.4 MB free on /mnt/small (tmpfs)"
@@ -27,18 +28,8 @@ def messages(path: Path) -> list[dict]:
 
 
 def test_the_forecast_names_the_step_and_goes_only_where_it_was_chosen(tmp_path, isolated_home):
-    spawned: list[list[dict]] = []
-
-    class Child:
-        def __init__(self, *a, **k):
-            self.stdin = self
-
-        def write(self, data: bytes) -> None:
-            spawned.append(json.loads(data))
-
-        def close(self) -> None:
-            pass
-
+    spawned: list[dict] = []
+    Child = child_taking(spawned)  # noqa: N806
     run_dir = isolated_home / "runs" / "r1"
     run_dir.mkdir(parents=True)
     nt.keep_spec(run_dir, nt.NotifySpec(cmd="true", on=frozenset({"disk_forecast"})))
@@ -46,7 +37,7 @@ def test_the_forecast_names_the_step_and_goes_only_where_it_was_chosen(tmp_path,
     facts = StartFacts(disk=disk, warnings=(FILLS,))
     env = {"FTLAUNCH_HOME": str(isolated_home)}
     assert nt.notice_forecast(run_dir, env, facts, spawn=Child)
-    (job,) = spawned[0]
+    (job,) = spawned
     assert job["event"] == "disk_forecast" and job["seen_at"]
     assert job["details"] == {"message": FILLS, "fill_step": 12, "filesystem": "/mnt/small (tmpfs)"}
     assert not nt.notice_forecast(run_dir, env, StartFacts(disk=disk), spawn=Child)  # no warning: nothing said
