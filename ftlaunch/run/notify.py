@@ -394,8 +394,27 @@ def _apprise(url: str, msg: Mapping[str, Any], timeout: float) -> str | None:
     sep = "&" if "?" in url else "?"
     if not a.add(f"{url}{sep}cto={timeout:g}&rto={timeout:g}" if "cto=" not in url else url):
         return f"apprise does not understand {redact_target(url)}"
-    ok = a.notify(body=text_of(msg), title=title_of(msg))
-    return None if ok else f"apprise could not deliver to {redact_target(url)}"
+    import logging
+
+    with apprise.LogCapture(level=logging.WARNING) as log:  # apprise's reason, said in the event
+        ok = a.notify(body=text_of(msg), title=title_of(msg))
+    if ok:
+        return None
+    said = [ln.split(" - ", 2)[-1].strip() for ln in log.getvalue().splitlines() if ln.strip()]
+    why = f": {_hidden(said[-1][:300], url)}" if said else ""
+    return f"apprise could not deliver to {redact_target(url)}{why}"
+
+
+def _hidden(text: str, url: str) -> str:
+    """``text`` without ``url`` or any part of it: an apprise URL's host, user, password, path and
+    query values may each be a token (tgram://BOTTOKEN/..., slack://TA/TB/TC, mailto://u:PASSWORD@...)."""
+    u = urllib.parse.urlsplit(url)
+    parts = [url, u.netloc, u.hostname, u.username, u.password, *u.path.split("/")]
+    parts += [v for _, v in urllib.parse.parse_qsl(u.query)]
+    values = {x for part in parts if part for x in (part, urllib.parse.unquote(part)) if len(x) >= 4}
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text
 
 
 def post_or_run(

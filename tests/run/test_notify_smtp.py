@@ -141,3 +141,27 @@ def test_a_failed_run_is_mailed_through_apprise_with_its_run_and_event_and_no_se
         )
         assert held == (["secrets.json"] if secret == password else []), (secret[:3], held)
     assert json.loads((run_dir / "secrets.json").read_text())["ftlaunch_notify"]["urls"] == [url]
+
+
+def test_a_mail_that_cannot_be_delivered_says_apprises_reason_and_no_part_of_the_url(
+    tmp_path,
+    fake,  # noqa: F811
+    isolated_home,
+):
+    password = "pw-" + secrets.token_hex(8)
+    url = f"mailto://ftl:{password}@127.0.0.1:{free_port()}?from=ftl@example.org&to=me@example.org&mode=insecure"
+    fake({"ok": True, "steps": 4})
+    r = cli("train", str(write_config(tmp_path)), "--gpu", "A10G", "--foreground", "--notify", url)
+    assert r.exit_code == 0, r.output
+    run_dir = next(p for p in (isolated_home / "runs").iterdir() if not p.name.startswith("."))
+    given_up = wait_for(
+        lambda: (got := [e for e in read_events(run_dir) if e["event"] == "notified"]) and len(got) == 2 and got,
+        "both messages given up",
+    )
+    for e in given_up:
+        assert not e["ok"] and e["tries"] == 3 and e["target"] == "mailto://***"
+        # apprise's own words (2.3.0: 'Connection error while submitting email to "***"'), the URL's parts masked
+        assert e["error"].startswith("apprise could not deliver to mailto://***: ") and "error" in e["error"].lower()
+        assert "127.0.0.1" not in e["error"] and password not in e["error"]
+    held = sorted(p.name for p in Path(isolated_home).rglob("*") if p.is_file() and password in p.read_text("latin-1"))
+    assert held == ["secrets.json"]
