@@ -30,7 +30,7 @@ from typing import Any
 
 from ftlaunch import __version__
 from ftlaunch.errors import StateError
-from ftlaunch.run.notify import file_secret_values
+from ftlaunch.run.notify import shared_secret_values
 from ftlaunch.run.progress import checkpoint_dirs, last_complete_checkpoint
 from ftlaunch.run.secrecy import scrub, secret_values
 from ftlaunch.run.store import RunFolder, read_events, read_secrets
@@ -143,7 +143,7 @@ def summary_text(s: Mapping[str, Any]) -> str:
 def members(run_dir: Path, env: Mapping[str, str]) -> tuple[list[tuple[str, bytes]], list[str]]:
     """(name, redacted bytes) of every member, and notes on what was cut or missing."""
     folder = RunFolder(run_dir)
-    secrets = sorted({*secret_values(read_secrets(run_dir), env), *file_secret_values(env)}, key=len, reverse=True)
+    secrets = sorted({*secret_values(read_secrets(run_dir), env), *shared_secret_values(env)}, key=len, reverse=True)
     out: list[tuple[str, bytes]] = []
     notes: list[str] = []
 

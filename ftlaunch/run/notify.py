@@ -253,16 +253,18 @@ def _file_events(value: Any, key: str, problems: list[str]) -> frozenset[str]:
     return on
 
 
-def file_secret_values(env: Mapping[str, str]) -> list[str]:
-    """notify.yaml's destinations as text a bundle must not hold, read leniently (a wrong file's too)."""
+def shared_secret_values(env: Mapping[str, str]) -> list[str]:
+    """The destinations a run uses without keeping them (notify.yaml's, read leniently: a wrong file's
+    too; FTLAUNCH_NOTIFY's URLs), as text a bundle must not hold."""
+    found = [u for u in _SPLIT.split(env.get("FTLAUNCH_NOTIFY", "")) if u]
     try:
         import yaml
 
         data = yaml.safe_load(notify_file(env).read_text(encoding="utf-8"))
     except Exception:
-        return []
+        return found
     dests = data.get("destinations") if isinstance(data, Mapping) else None
-    return [str(d[k]) for d in dests or () if isinstance(d, Mapping) for k in ("url", "cmd") if d.get(k)]
+    return found + [str(d[k]) for d in dests or () if isinstance(d, Mapping) for k in ("url", "cmd") if d.get(k)]
 
 
 def url_problems(urls: Iterable[str], apprise_ok: bool) -> list[str]:

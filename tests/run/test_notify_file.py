@@ -137,19 +137,25 @@ def test_a_run_without_flags_notifies_the_file_and_no_token_is_shown_anywhere(
     fake,  # noqa: F811
     isolated_home,
     hook,
+    monkeypatch,
 ):
     token, dead_token = secrets.token_hex(16), secrets.token_hex(16)
     got_cmd = tmp_path / "cmd.txt"
+    url, dead, cmd = (
+        f"http://127.0.0.1:{hook.port}/hook/{token}",
+        dead_url(dead_token),
+        f"echo $FTLAUNCH_EVENT >> {got_cmd}",
+    )
     isolated_home.mkdir(parents=True)
     (isolated_home / "notify.yaml").write_text(
         textwrap.dedent(
             f"""\
             destinations:
-              - url: http://127.0.0.1:{hook.port}/hook/{token}
+              - url: {url}
                 on: [started, succeeded]
-              - url: {dead_url(dead_token)}
+              - url: {dead}
                 on: [succeeded]
-              - cmd: echo "$FTLAUNCH_EVENT $FTLAUNCH_RUN_ID" >> {got_cmd}
+              - cmd: {cmd}
                 on: succeeded
             """
         )
@@ -168,7 +174,7 @@ def test_a_run_without_flags_notifies_the_file_and_no_token_is_shown_anywhere(
     wait_for(lambda: "succeeded" in hook.events(), "succeeded")
     assert hook.events() == ["started", "started", "succeeded"] and hook.got[1][2]["details"]["attempt"] == 2
     wait_for(lambda: got_cmd.exists() and got_cmd.read_text().strip(), "the command")
-    assert got_cmd.read_text() == f"succeeded {run_dir.name}\n"
+    assert got_cmd.read_text() == "succeeded\n"
     failed = wait_for(
         lambda: [e for e in read_events(run_dir) if e["event"] == "notified" and not e["ok"]], "the dead one given up"
     )
@@ -189,6 +195,16 @@ def test_a_run_without_flags_notifies_the_file_and_no_token_is_shown_anywhere(
         assert files_holding(t, isolated_home, tmp_path / "out") == ["notify.yaml"]
     kept = run_dir / "secrets.json"  # the file is read at each start, never copied into the run
     assert not kept.exists() or "ftlaunch_notify" not in json.loads(kept.read_text())
+    # planted in stacks/ (as a trainer's dump could hold them): the bundle masks the file's destinations
+    # and FTLAUNCH_NOTIFY's URLs, which the run never kept either
+    env_url = f"https://hooks.example.org/{secrets.token_hex(16)}"
+    monkeypatch.setenv("FTLAUNCH_NOTIFY", env_url)
+    (run_dir / "stacks").mkdir(exist_ok=True)
+    (run_dir / "stacks" / "planted.txt").write_text(f"{url} {dead} {env_url} {cmd}\n")
+    assert cli("bundle", run_dir.name, "-o", str(bundle)).exit_code == 0
+    with tarfile.open(bundle) as tar:
+        planted = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("planted.txt"))).read()
+    assert planted.strip() == b"*** *** *** ***"
 
 
 def test_the_supervisor_notes_a_file_gone_wrong_after_the_start_was_checked_and_runs_on(
