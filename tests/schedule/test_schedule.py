@@ -677,6 +677,28 @@ def test_each_scheduled_run_notifies_from_its_supervisor_as_train_does(project, 
     assert add("bad", project, "--notify-on", "finished").exit_code == 3  # an unknown event is named
 
 
+def test_a_scheduled_run_notifies_the_file_without_flags_and_a_wrong_file_fails_it_before_it_starts(
+    project,
+    fake_trainer,
+    tmp_path,
+    isolated_home,
+):
+    got = tmp_path / "got.txt"
+    assert add("nightly", project).exit_code == 0  # no --notify-cmd: the file's destinations
+    path = isolated_home / "notify.yaml"
+    path.write_text(f"destinations:\n  - cmd: echo $FTLAUNCH_EVENT >> {got}\n    on: [started, succeeded]\n")
+    assert cli("run", "nightly").exit_code == 0
+    wait_for(lambda: got.exists() and "succeeded" in got.read_text(), "the file's command")
+    assert got.read_text().split() == ["started", "succeeded"]
+    runs = sorted(p.name for p in (isolated_home / "runs").iterdir() if not p.name.startswith("."))
+    path.write_text("destinations:\n  - cmd: echo hi\n    on: [finished]\n")
+    r = cli("run", "nightly")
+    assert r.exit_code == 19, r.output
+    assert sorted(p.name for p in (isolated_home / "runs").iterdir() if not p.name.startswith(".")) == runs
+    last = record(isolated_home, "nightly")["last"]
+    assert last["status"] == "failed" and "destinations (entry 1): on: unknown event(s) finished" in last["message"]
+
+
 # ---------------------------------------------------------------- what cron runs
 
 
