@@ -170,7 +170,7 @@ def load_file(env: Mapping[str, str], apprise_ok: bool | None = None) -> NotifyS
     path = notify_file(env)
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # FTLAUNCH_HOME a file: that is said elsewhere (exit 12)
         return NotifySpec()
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__

@@ -236,3 +236,15 @@ def test_the_supervisor_notes_a_file_gone_wrong_after_the_start_was_checked_and_
     assert hook.events() == ["succeeded"]
     noted = [e for e in read_events(run_dir_of(isolated_home)) if e["event"] == "notify_config_error"]
     assert len(noted) == 1 and "destinations: expected a list" in noted[0]["message"]
+
+
+def test_an_unreadable_file_is_named_and_a_home_that_is_a_file_is_left_to_exit_12(tmp_path):
+    from ftlaunch.run.notify import load_file
+
+    home = tmp_path / "home"
+    (home / "notify.yaml").mkdir(parents=True)
+    with pytest.raises(NotifyConfigError) as e:
+        load_file({"FTLAUNCH_HOME": str(home)})
+    assert e.value.message == f"{home / 'notify.yaml'}: cannot be read: Is a directory"
+    (tmp_path / "file").write_text("")
+    assert load_file({"FTLAUNCH_HOME": str(tmp_path / "file")}) == NotifySpec()

@@ -22,9 +22,20 @@ from .test_reliability import cli, fake  # noqa: F401  (the scripted trainer, in
 FILLS = "the disk fills at step 12: 1 of 3 checkpoints of 1.8 MB fit in 2.4 MB free on /mnt/small (tmpfs)"
 
 
-def messages(path: Path) -> list[dict]:
-    """What a `--notify-cmd 'cat >> PATH; echo >> PATH'` got: one JSON message a line."""
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+def box_cmd(box: Path) -> str:
+    """A --notify-cmd keeping each message in BOX/EVENT.json and when it came in BOX/EVENT.t (one file
+    each: the detached child and the supervisor's thread may deliver at the same time)."""
+    box.mkdir(exist_ok=True)
+    return f"cat > {box}/$FTLAUNCH_EVENT.json; date +%s.%N > {box}/$FTLAUNCH_EVENT.t"
+
+
+def messages(box: Path) -> dict[str, dict]:
+    """What the box_cmd got, by event: the message and when it came (``arrived``)."""
+    got = {}
+    for path in box.glob("*.t") if box.exists() else ():
+        if path.read_text().strip():
+            got[path.stem] = {**json.loads(path.with_suffix(".json").read_text()), "arrived": float(path.read_text())}
+    return got
 
 
 def test_the_forecast_names_the_step_and_goes_only_where_it_was_chosen(tmp_path, isolated_home):
@@ -49,19 +60,21 @@ def test_a_run_started_with_the_forecast_warning_notifies_it(tmp_path, fake, iso
     from ftlaunch.run import disk
 
     monkeypatch.setattr(disk, "disk_check", lambda *a, **k: StartFacts(warnings=(FILLS,)))
-    got = tmp_path / "got.jsonl"
+    box = tmp_path / "box"
     fake({"ok": True, "steps": 4})
     r = cli(
         "train", str(write_config(tmp_path)), "--gpu", "A10G", "--foreground",
-        "--notify-cmd", f"cat >> {got}; echo >> {got}", "--notify-on", "disk_forecast,succeeded",
+        "--notify-cmd", box_cmd(box), "--notify-on", "disk_forecast,succeeded",
     )  # fmt: skip
     assert r.exit_code == 0, r.output
-    wait_for(lambda: {m["event"] for m in messages(got)} == {"disk_forecast", "succeeded"}, "forecast and succeeded")
-    forecast = next(m for m in messages(got) if m["event"] == "disk_forecast")
+    wait_for(lambda: set(messages(box)) == {"disk_forecast", "succeeded"}, "forecast and succeeded")
+    forecast = messages(box)["disk_forecast"]
     run_id = next(p.name for p in (isolated_home / "runs").iterdir() if not p.name.startswith("."))
     assert forecast["run_id"] == run_id and forecast["details"]["message"] == FILLS
     assert "log_tail" not in forecast  # a warning, not a failure
     assert forecast["text"].startswith("ftlaunch: run out disk_forecast\n") and "fills at step 12" in forecast["text"]
+    latency = forecast["arrived"] - forecast["seen_at"]
+    print(f"\ndisk_forecast: the start handed it on -> the command had it {latency:.2f} s")
 
 
 @needs_train_stack
@@ -70,14 +83,15 @@ def test_a_resume_that_takes_a_changed_environment_notifies_it(tmp_path, fake, i
     now = json.loads((run_dir / "environment" / "attempt-2.json").read_text())["packages"]
     edit_recorded(run_dir, 2, transformers="4.49.0")
     fake({"train": True, "steps": 8, "save_steps": 4})
-    got = tmp_path / "got.jsonl"
+    box = tmp_path / "box"
     r = cli(
         "resume", run_dir.name, "--foreground", "--allow-env-change",
-        "--notify-cmd", f"cat >> {got}; echo >> {got}", "--notify-on", "env_changed,succeeded",
+        "--notify-cmd", box_cmd(box), "--notify-on", "env_changed,succeeded",
     )  # fmt: skip
     assert r.exit_code == 0, r.output
-    wait_for(lambda: {m["event"] for m in messages(got)} == {"env_changed", "succeeded"}, "env_changed, succeeded")
-    m = next(m for m in messages(got) if m["event"] == "env_changed")
+    wait_for(lambda: set(messages(box)) == {"env_changed", "succeeded"}, "env_changed, succeeded")
+    m = messages(box)["env_changed"]
+    print(f"\nenv_changed: the attempt's check handed it on -> the command had it {m['arrived'] - m['seen_at']:.2f} s")
     d = m["details"]
     assert m["run_id"] == run_dir.name and d["attempt"] == 3 and d["accepted"] is True
     assert d["deciding"] == [{"what": "transformers", "before": "4.49.0", "after": now["transformers"]}]
