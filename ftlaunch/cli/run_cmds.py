@@ -434,7 +434,13 @@ def stop(run: str | None, grace: float) -> None:
     "--gpu",
     "gpu",
     help="Re-plan the run for this machine first (catalog card[xN], none, or nonexN: N CPU processes), "
-    "the global batch kept exactly; the changes are shown.",
+    "the global batch kept exactly; the changes are shown. A name not in the catalog: exit 4, the names listed.",
+)
+@click.option(
+    "--hardware",
+    "hardware_file",
+    type=click.Path(dir_okay=False),
+    help="Re-plan the run for a machine captured there with `ftlaunch env --json` (as --gpu).",
 )
 @notify_options
 def resume(
@@ -444,6 +450,7 @@ def resume(
     allow_global_batch_change: bool,
     allow_env_change: bool,
     gpu: str | None,
+    hardware_file: str | None,
     **notify_kw: Any,
 ) -> None:
     """Re-attach to RUN if alive (follow its log); else restart it from its last complete checkpoint.
@@ -456,12 +463,21 @@ def resume(
     (a run that gave up, resumed by hand after a change); the global batch should stay the same.
     While following, Ctrl-C stops following only; at the end it exits like `status`.
 
+    --gpu/--hardware: resume on other hardware. The run is planned again for that machine with its
+    global batch kept (micro-batch x accumulation x processes), from its last complete checkpoint:
+    weights, optimizer, scheduler, step and data position; the same rows in the same order as an
+    uninterrupted run. Refused before anything changes (exit 3) where that cannot hold: a global batch
+    that cannot be kept, a DeepSpeed checkpoint on another process count. Without either option the
+    run resumes as it was planned (this machine is not probed).
+
     \b
     Examples:
       ftlaunch resume            # after SSH loss, a reboot or `ftlaunch stop`
       ftlaunch resume --no-follow
       ftlaunch resume nightly per_device_train_batch_size=1 gradient_accumulation_steps=8
       ftlaunch resume nightly --gpu none     # a run of 2 processes goes on in 1, global batch kept
+      ftlaunch resume nightly --gpu nonex2   # ... and back in 2 CPU processes
+      ftlaunch resume nightly --hardware hw.json   # a machine captured with `ftlaunch env --json`
     """
     from ftlaunch.run.control import ResumeOutcome, preview_run_edit, resume_run
     from ftlaunch.run.view import find_run
@@ -480,20 +496,25 @@ def resume(
 
     read_spec(run_dir, env_now())  # a run with no destination of its own: notify.yaml's, checked (exit 19)
     hardware = None
-    if gpu is not None:
+    if gpu is not None or hardware_file is not None:
         from dataclasses import replace
 
-        from ftlaunch.plan.hardware import catalog_hardware
+        from ftlaunch.plan.hardware import check_typed_machine
         from ftlaunch.plan.render import plan_renderables
         from ftlaunch.run.control import preview_replan
+        from ftlaunch.run.prepare import PlanRequest, get_hardware
 
-        hardware = catalog_hardware(gpu)
+        check_typed_machine([gpu] if gpu is not None else [])
+        request = PlanRequest(config=str(run_dir / "config.yaml"), gpu=gpu, hardware_file=hardware_file)
+        hardware = get_hardware(request, env_now())
         r = preview_replan(run_dir, hardware)
         for item in plan_renderables(replace(r.plan, changes=r.changes), title=f"resume {run_dir.name}"):
             err_console.print(item)
         err_console.print(f"resumes from {r.checkpoint or 'the start (no complete checkpoint)'}", highlight=False)
         for note in r.notes:
             err_console.print(f"note: {note}", highlight=False)
+        for warning in r.warnings:
+            err_console.print(f"warning: {warning}", highlight=False)
     if overrides:
         for key, before, after, note in preview_run_edit(run_dir, overrides):
             err_console.print(f"  {key}: {before} -> {after}{f'  ({note})' if note else ''}", highlight=False)

@@ -242,7 +242,8 @@ def parse_gpu_spec(spec: str) -> tuple[str, int]:
         near = [by_norm[n] for n in difflib.get_close_matches(wanted, list(by_norm), n=3, cutoff=0.7)]
         raise HardwareError(
             f"--gpu {_short(spec)!r} is not in the catalog" + (f" (closest: {', '.join(near)})" if near else ""),
-            hint=f"use one of: {', '.join(CATALOG)}, optionally with xN (e.g. A100-80GBx4), or 'none'; "
+            hint=f"use one of: {', '.join(CATALOG)}, optionally with xN (e.g. A100-80GBx4), or 'none' (the "
+            "CPU; nonexN: N CPU processes); "
             "or capture the machine with `ftlaunch env --json` and pass --hardware FILE",
         )
     return matches[0], count

@@ -102,6 +102,9 @@ class Plan:
         }
 
 
+KEEP = object()  # meta["own_values"] has no value for a key: the config's own value stands
+
+
 class _Editor:
     """Builds the adapted config in the source key order and records each change."""
 
@@ -374,7 +377,9 @@ def plan(
 ) -> Plan:
     """Adapt a merged llamafactory config to ``hardware``.
 
-    ``meta`` is the ftlaunch header of an already adapted config (its world size and global batch).
+    ``meta`` is the ftlaunch header of an already adapted config (its world size and global batch);
+    a re-plan adds ``own_values``: key -> the value the user's config had before ftlaunch set one for
+    another machine (None: unset), restored where that machine's reason no longer holds.
     ``deepspeed_config`` is the parsed JSON that ``values["deepspeed"]`` names (for the precision it
     fixes and its ZeRO stage), None when there is none or it is not read.
     ``memory_chooser(values, hardware, per_device, most)`` -> MemoryDecision or None: supplied by the
@@ -502,6 +507,15 @@ def plan(
         # accelerate (state.py:296) takes a named backend as distributed and asks torch for a process
         # group that one process never starts: "Default process group has not been initialized"
         ed.remove("ddp_backend", "one process on the CPU: a ddp_backend fails without a process group")
+    own = (meta.get("own_values") or {}).get("ddp_backend", KEEP)
+    if hardware.gpus and own is not KEEP and ed.values.get("ddp_backend") != own:
+        # A run re-planned from the CPU onto GPUs: gloo (or no backend, for one process) was ftlaunch's
+        # choice for the CPU, never the user's; gloo would carry gradients through host memory.
+        why = f"on {hardware.describe()}: ftlaunch's choice for the CPU is taken back"
+        if own is None:
+            ed.remove("ddp_backend", f"{why}; LLaMA-Factory's default (accelerate picks nccl on CUDA)")
+        else:
+            ed.set("ddp_backend", own, f"{why}; the config's own value")
     cpu_world = not hardware.gpus and hardware.cpu_processes > 1
     if cpu_world and world > 1 and ed.values.get("ddp_backend") != "gloo":
         # accelerate would pick MPI where torch has it (state.py _prepare_backend); NCCL needs GPUs

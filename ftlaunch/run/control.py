@@ -8,9 +8,10 @@ state.json from the run's config.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from ftlaunch.run.store import (
     RunFolder,
     append_event,
     read_config,
+    read_events,
+    read_plan,
     read_secrets,
     read_state,
     set_aside_state,
@@ -145,11 +148,8 @@ def resume_run(
         raise  # another ftlaunch's state: not ours to rebuild over
     except StateError:
         state = rebuild_state(run_dir)
-    if hardware is not None and state.slurm_job_id:
-        raise ConfigError(
-            f"run {run_dir.name} is a Slurm job: --gpu does not re-plan it",
-            hint="resume it as it was planned (its job.sbatch names its nodes)",
-        )
+    if hardware is not None:
+        _refuse_slurm_replan(run_dir, state)
 
     # A run its engine resumes (a Slurm run trains only inside its own job: from anywhere else, resume
     # means sbatch again); None: restart it here.
@@ -185,11 +185,6 @@ def resume_run(
         if not allow_env_change:
             resumes = prog.last_complete_checkpoint(Path(output_dir))
             refuse_resume(run_dir, env, state, resumes[1].name if resumes else None)
-        last = prog.last_complete_checkpoint(Path(output_dir))
-        if hardware is None and last is not None and not state.slurm_job_id:
-            why = cpu_processes_refusal(int(state.world_size or 1), int(state.gpu_count or 0), _names(last[1]))
-            if why:
-                raise ConfigError(why, hint=f"resume it on one CPU process: ftlaunch resume {run_dir.name} --gpu none")
         _end_orphans(run_dir, env, output_dir, state)
         if hardware is not None:
             _apply_replan(run_dir, preview_replan(run_dir, hardware))
@@ -292,6 +287,59 @@ class Replan:
     checkpoint: str | None
     notes: tuple[str, ...]
     trainer_env: Mapping[str, str]
+    warnings: tuple[str, ...] = ()  # where the rows after the checkpoint are not an uninterrupted run's
+
+
+_EXAMPLES = re.compile(r"Num examples = ([\d,]+)")
+
+
+def examples_in_log(lines: Iterable[str]) -> int | None:
+    """The rows the trainer trains per epoch, as transformers logs them ("Num examples = 1,024") at each
+    start; the last one wins. None when no attempt got that far. Pure."""
+    found = None
+    for line in lines:
+        if m := _EXAMPLES.search(line):
+            found = int(m.group(1).replace(",", ""))
+    return found
+
+
+def data_order_warnings(
+    before: Mapping[str, Any], after: Mapping[str, Any], world: tuple[int, int], examples: int | None
+) -> list[str]:
+    """Why the rows trained after a resume on another world size would not be those of an uninterrupted
+    run, else []. ``before``/``after``: the adapted configs, ``world``: (before, after) processes,
+    ``examples``: rows per epoch (None: unknown). With the global batch G kept, step k trains rows
+    [kG, (k+1)G) of the epoch's permutation whatever the world size (measured, tests/run/
+    test_e2e_resume_anywhere.py), except where something groups or pads by the per-process batch. Pure."""
+    if world[0] == world[1]:
+        return []
+
+    def per_process(c: Mapping[str, Any]) -> int:
+        return int(c.get("per_device_train_batch_size") or 1) * int(c.get("gradient_accumulation_steps") or 1)
+
+    out = []
+    if after.get("train_sampling_strategy") == "group_by_length" and per_process(before) != per_process(after):
+        out.append(
+            f"data order not kept: train_sampling_strategy group_by_length, micro-batch x accumulation per "
+            f"process {per_process(before)} -> {per_process(after)}: transformers' LengthGroupedSampler forms "
+            "its groups from that number, so the rows after the checkpoint are not the ones an uninterrupted "
+            f"run trains (some twice, some not this epoch); resume on {world[0]} process(es) to keep them"
+        )
+    if after.get("streaming"):
+        out.append(
+            f"data order not verified: streaming: true on {world[0]} -> {world[1]} process(es): an iterable "
+            "dataset is split across processes by accelerate, not by a seeded sampler; ftlaunch has measured "
+            "the order only for map-style datasets"
+        )
+    g = per_process(after) * world[1]
+    if examples and g and examples % g:
+        out.append(
+            f"data order: the last step of each epoch differs: {examples} rows = {examples // g} x global batch "
+            f"{g} + {examples % g}; with several processes accelerate fills that short batch with rows from "
+            f"the epoch's start (even_batches), with one it trains {examples % g} rows ({world[0]} -> "
+            f"{world[1]} process(es)); every other step trains the same rows"
+        )
+    return out
 
 
 def rng_state_notes(names: set[str], world_after: int) -> list[str]:
@@ -314,20 +362,30 @@ def rng_state_notes(names: set[str], world_after: int) -> list[str]:
     return notes
 
 
-def cpu_processes_refusal(world: int, gpus: int, names: set[str]) -> str | None:
-    """Why a checkpoint with optimizer.pt cannot be resumed by several CPU processes, else None. Pure.
+# Keys ftlaunch sets for a machine's sake (the CPU's gloo) that a re-plan for another one takes back.
+MACHINE_KEYS = ("ddp_backend",)
 
-    accelerate gives each CPU rank the device ``cpu:N`` (state.py ``set_device``, MULTI_CPU), transformers
-    loads optimizer.pt with ``map_location=args.device`` when world_size > 1 (trainer.py
-    ``_load_optimizer_and_scheduler``), and torch cannot map onto ``cpu:0``: "don't know how to restore
-    data location of torch.storage.UntypedStorage (tagged with cpu:0)"."""
-    if gpus or world <= 1 or "optimizer.pt" not in names:
-        return None
-    return (
-        f"{world} CPU processes cannot load the checkpoint's optimizer.pt: accelerate names each CPU rank's "
-        "device cpu:N and transformers loads the optimizer onto it when world_size > 1, which torch refuses "
-        "(don't know how to restore data location ... tagged with cpu:0)"
-    )
+
+def own_values(plan_changes: list[Mapping[str, Any]], events: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Key -> the user's own value (None: unset) of each MACHINE_KEYS key that ftlaunch has since set
+    for a machine, from the run's plan.json changes and its events in order (``replanned`` changes are
+    ftlaunch's; a ``config_edited`` value is the user's and stands). Pure."""
+    own: dict[str, Any] = {}
+    steps = [("plan", c) for c in plan_changes]
+    for e in events:
+        if e.get("event") == "replanned":
+            steps += [("plan", c) for c in e.get("changes") or []]
+        elif e.get("event") == "config_edited":
+            steps += [("user", {"key": k}) for k in e.get("after") or {}]
+    for who, c in steps:
+        key = c.get("key")
+        if key not in MACHINE_KEYS:
+            continue
+        if who == "user":
+            own.pop(key, None)
+        elif key not in own:
+            own[key] = c.get("old")
+    return own
 
 
 def _deepspeed_layout(checkpoint: Path) -> bool:
@@ -348,9 +406,11 @@ def preview_replan(run_dir: Path, hardware: Any) -> Replan:
 
     config, header = read_config(run_dir)
     state = read_state(run_dir)
+    _refuse_slurm_replan(run_dir, state)
     world_before = int(state.world_size or header.get("world_size") or 1)
     g_before = int(state.global_batch or header.get("global_batch") or 0)
-    p = plan(config, hardware, meta={**header, "world_size": world_before})
+    own = own_values(read_plan(run_dir).get("changes") or [], read_events(run_dir))
+    p = plan(config, hardware, meta={**header, "world_size": world_before, "own_values": own})
     problems = []
     if g_before and p.global_batch_target != g_before:
         problems.append(
@@ -364,8 +424,6 @@ def preview_replan(run_dir: Path, hardware: Any) -> Replan:
             f"{world_before} process(es); the trainer cannot load it on {p.world_size}: resume on the original "
             f"layout ({world_before} devices)"
         )
-    if last is not None and (why := cpu_processes_refusal(p.world_size, hardware.gpu_count, _names(last[1]))):
-        problems.append(f"{why}: resume it on one CPU process (--gpu none)")
     if problems:
         raise ConfigError(problems)
     changes = list(p.changes)
@@ -379,7 +437,27 @@ def preview_replan(run_dir: Path, hardware: Any) -> Replan:
     if p.world_size != world_before:
         changes.insert(0, Change("devices", world_before, p.world_size, why))
     notes = rng_state_notes(_names(last[1]), p.world_size) if last else []
-    return Replan(p, tuple(changes), world_before, p.world_size, last[1].name if last else None, tuple(notes), new_env)
+    warnings = data_order_warnings(config, p.config, (world_before, p.world_size), _examples(run_dir))
+    return Replan(
+        p, tuple(changes), world_before, p.world_size, last[1].name if last else None, tuple(notes), new_env,
+        tuple(warnings),
+    )  # fmt: skip
+
+
+def _examples(run_dir: Path) -> int | None:
+    try:
+        with RunFolder(run_dir).train_log.open(errors="replace") as f:
+            return examples_in_log(f)
+    except OSError:
+        return None
+
+
+def _refuse_slurm_replan(run_dir: Path, state: RunState) -> None:
+    if state.slurm_job_id:
+        raise ConfigError(
+            f"run {run_dir.name} is a Slurm job: --gpu/--hardware does not re-plan it",
+            hint="resume it as it was planned (its job.sbatch names its nodes)",
+        )
 
 
 def _apply_replan(run_dir: Path, r: Replan) -> None:
@@ -405,6 +483,7 @@ def _apply_replan(run_dir: Path, r: Replan) -> None:
         checkpoint=r.checkpoint,
         changes=[c.to_dict() for c in r.changes],
         notes=list(r.notes),
+        warnings=list(r.warnings),
     )
 
 

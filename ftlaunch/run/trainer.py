@@ -66,12 +66,21 @@ def trainer_env(
     return env
 
 
+# Its sitecustomize.py lets several CPU processes load a checkpoint's optimizer.pt (the device cpu:N).
+CPU_SITE = Path(__file__).resolve().parent / "cpu_site"
+
+
 def with_torchrun_beside(env: Mapping[str, str], cli: list[str]) -> dict[str, str]:
     """``env`` with the folder of ``cli`` first on PATH when the plan runs torchrun (FORCE_TORCHRUN)
     and that folder holds the ``torchrun`` of the trainer's environment: LLaMA-Factory's launcher runs
     ``torchrun`` by name from PATH (launcher.py:95-115), which an unactivated virtualenv lacks
-    (``FileNotFoundError: 'torchrun'``)."""
+    (``FileNotFoundError: 'torchrun'``). With several processes, CPU_SITE goes first on PYTHONPATH:
+    transformers resumes them with ``torch.load(map_location=args.device)``, which is ``cpu:N`` on the
+    CPU and which torch cannot restore without it (GPU locations are left to torch)."""
     out = dict(env)
+    if out.get("FORCE_TORCHRUN") and _count(out.get("NPROC_PER_NODE")) > 1:
+        paths = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(CPU_SITE)]
+        out["PYTHONPATH"] = os.pathsep.join([str(CPU_SITE), *paths])
     beside = Path(cli[0]).parent
     if not out.get("FORCE_TORCHRUN") or not (beside / "torchrun").is_file():
         return out
@@ -79,6 +88,13 @@ def with_torchrun_beside(env: Mapping[str, str], cli: list[str]) -> dict[str, st
     if found is None or Path(found).parent != beside:
         out["PATH"] = os.pathsep.join(p for p in (str(beside), out.get("PATH")) if p)
     return out
+
+
+def _count(text: str | None) -> int:
+    try:
+        return int(text or 1)
+    except ValueError:
+        return 1
 
 
 def secret_handoff(secrets: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:

@@ -5,6 +5,9 @@ Wraps transformers.Trainer.training_step once transformers.trainer is imported:
   FTLAUNCH_TEST_OOM_ABOVE=N         raise a real torch.OutOfMemoryError when the micro-batch > N ...
   FTLAUNCH_TEST_OOM_FROM_STEP=K     ... but only from global step K on (an OOM after a checkpoint)
   FTLAUNCH_TEST_EVAL_OOM_ABOVE=N    raise it in evaluation when the eval batch > N
+  FTLAUNCH_TEST_RECORD_ROWS=DIR     append what each micro-batch trained to DIR/rank<R>.jsonl: the optimizer
+                                    step, the rank, the world size and the row ids ("(i)" in each row of the
+                                    tiny dataset, decoded from the input_ids the trainer was given)
 The traceback and exit code are the trainer's own.
 """
 
@@ -22,7 +25,11 @@ def _patch(trainer_mod):
     above = os.environ.get("FTLAUNCH_TEST_OOM_ABOVE")
     from_step = int(os.environ.get("FTLAUNCH_TEST_OOM_FROM_STEP", "0") or 0)
 
+    record = os.environ.get("FTLAUNCH_TEST_RECORD_ROWS")
+
     def training_step(self, model, inputs, *args, **kwargs):
+        if record:
+            _record_rows(self, inputs, record)
         if sleep:
             time.sleep(sleep)
         if above is not None and self.args.per_device_train_batch_size > int(above):
@@ -51,6 +58,24 @@ def _patch(trainer_mod):
         Trainer.prediction_step = prediction_step
 
 
+def _record_rows(trainer, inputs, folder):
+    import json
+    import re
+
+    tokenizer = trainer.processing_class
+    if tokenizer is None or not hasattr(tokenizer, "batch_decode"):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(trainer.model.config._name_or_path)
+    texts = tokenizer.batch_decode(inputs["input_ids"].tolist(), skip_special_tokens=True)
+    rows = [int(m.group(1)) if (m := re.search(r"\((\d+)\)", t)) else -1 for t in texts]
+    args = trainer.args
+    line = {"step": trainer.state.global_step + 1, "rank": args.process_index, "world": args.world_size, "rows": rows}
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"rank{args.process_index}.jsonl"), "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name != "transformers.trainer":
@@ -74,6 +99,12 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 if any(
-    os.environ.get(k) for k in ("FTLAUNCH_TEST_STEP_SLEEP", "FTLAUNCH_TEST_OOM_ABOVE", "FTLAUNCH_TEST_EVAL_OOM_ABOVE")
+    os.environ.get(k)
+    for k in (
+        "FTLAUNCH_TEST_STEP_SLEEP",
+        "FTLAUNCH_TEST_OOM_ABOVE",
+        "FTLAUNCH_TEST_EVAL_OOM_ABOVE",
+        "FTLAUNCH_TEST_RECORD_ROWS",
+    )
 ):
     sys.meta_path.insert(0, _Finder())
