@@ -80,6 +80,22 @@ def test_the_engine_of_a_state_reads_old_runs_by_their_slurm_keys():
     assert isinstance(engines.of_state(RunState(id="e")), Local)
 
 
+def test_a_run_of_an_engine_this_ftlaunch_does_not_know_is_unreadable_never_acted_on(tmp_path):
+    from ftlaunch.errors import StateError
+    from ftlaunch.run.store import write_state
+    from ftlaunch.run.view import all_runs
+
+    state = RunState(id="20990101-000000-abcd", engine="k8s", status=RunStatus.RUNNING)
+    with pytest.raises(StateError) as e:
+        engines.of_state(state)
+    assert "engine 'k8s'" in e.value.message and "not touching it" in e.value.message
+    run_dir = tmp_path / "home" / "runs" / state.id
+    run_dir.mkdir(parents=True)
+    write_state(run_dir, state)
+    views = all_runs({"FTLAUNCH_HOME": str(tmp_path / "home")})
+    assert [v.status.value for v in views] == ["unreadable"]
+
+
 def test_a_slurm_state_written_by_main_before_engines_still_reads(tmp_path):
     data = json.loads(OLD_SLURM_STATE.read_text())
     assert "engine" not in data and data["slurm_job_id"] == "4242"  # as f945884 wrote it

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ftlaunch.errors import ConfigError
+from ftlaunch.errors import ConfigError, StateError
 from ftlaunch.run.engines.base import Created, Engine, EngineStatus, Resumed, ResumeOutcome, Started
 
 if TYPE_CHECKING:
@@ -70,5 +70,13 @@ def get(name: str) -> Callable[..., Engine]:
 
 def of_state(state: RunState) -> Engine:
     """The engine of a recorded run (its state's ``engine``; a run written before engines were
-    recorded is Slurm's when it has Slurm keys), built without launch options."""
-    return get(state.engine_name())()
+    recorded is Slurm's when it has Slurm keys), built without launch options. A run of an engine this
+    ftlaunch does not know (written by a newer one) is a StateError: `runs` shows it unreadable, and
+    nothing acts on it."""
+    name = state.engine_name()
+    if name not in ENGINES:
+        raise StateError(
+            f"run {state.id} runs on engine {name!r}, which this ftlaunch does not know; not touching it",
+            hint=f"use the ftlaunch version that started it (engines here: {', '.join(names())})",
+        )
+    return get(name)()
