@@ -249,3 +249,33 @@ def test_a_run_of_one_process_resumes_on_two_with_its_optimizer_the_rows_and_the
     log = (run_dir / "train.log").read_text()
     assert "world size: 2" in log and "tagged with cpu" not in log
     assert json.loads((run_dir / "state.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.e2e
+def test_where_the_rows_do_not_divide_by_the_global_batch_the_last_step_differs_and_resume_warns(
+    tiny, tmp_path, isolated_home
+):
+    """62 rows, global batch 4: steps 1-15 train the same rows on 1 and on 2 processes; step 16 trains the
+    2 rows left on one process, and on two those 2 plus the epoch's first 2 again (accelerate's
+    even_batches). `resume --gpu` says so before it starts (docs/resume.md)."""
+    seen = {}
+    for gpu in ("nonex2", "none"):
+        out = tmp_path / gpu
+        cfg = write_yaml(tmp_path / f"{gpu}.yaml", tiny_config(tiny, out, max_samples=62))
+        r = ftl("train", str(cfg), "--gpu", gpu, "--foreground", "--name", gpu, env=recording(tmp_path / f"rows-{gpu}"))
+        assert r.returncode == 0, r.stdout + r.stderr
+        seen[gpu] = rows_by_step(tmp_path / f"rows-{gpu}")
+    two, one = seen["nonex2"], seen["none"]
+    assert sorted(two) == sorted(one) == list(range(1, 17))
+    assert all(two[s] == one[s] for s in range(1, 16))
+    assert len(one[16]) == 2 and two[16] == [*one[16], *two[1][:2]]
+    print(f"\n62 rows, G 4: step 16 on 1 process {one[16]}, on 2 {two[16]} (the epoch's first rows {two[1][:2]} again)")
+
+    from ftlaunch.plan.hardware import catalog_hardware
+    from ftlaunch.run.control import preview_replan
+
+    run_dir = next(
+        d for d in (isolated_home / "runs").iterdir() if json.loads((d / "state.json").read_text())["world_size"] == 2
+    )
+    warned = preview_replan(run_dir, catalog_hardware("none")).warnings
+    assert len(warned) == 1 and said("62 rows = 15 x global batch 4 + 2", warned[0])
