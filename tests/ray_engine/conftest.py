@@ -68,6 +68,16 @@ class Head:
                 continue
         return list(found.values())
 
+    def kill(self) -> None:
+        """The head's machine lost: SIGKILL to every one of its processes (the job's driver included)."""
+        procs = self.processes()
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=10)
+
     def stop(self) -> None:
         procs = self.processes()
         for p in procs:

@@ -104,7 +104,9 @@ class Ray:
             return None
         if state.status is RunStatus.SUCCEEDED:
             return Resumed(ResumeOutcome.FINISHED, exit_code=0)
-        write_record(run_dir, address_for_record(record, self.address and self._address()))
+        # A new head (the old one gone): --address, else RAY_ADDRESS of the resuming shell.
+        new = self.address or env.get("RAY_ADDRESS")
+        write_record(run_dir, address_for_record(record, new and jobs.address_of(new, env)))
         sid = resubmit_by_hand(run_dir, env, edit, changes=bool(overrides))
         if sid is None:
             return Resumed(ResumeOutcome.ALIVE, job=record.current.id if record.current else None)

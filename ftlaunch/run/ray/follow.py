@@ -132,8 +132,8 @@ def follow(
             return state.status
         try:
             info = jobs.job(record.address, sub.id)
-        except jobs.EngineUnreachable:
-            info = None
+        except (jobs.EngineUnreachable, jobs.JobNotFound):
+            info = None  # a head that knows no such job is a new head: the job's fate is unknown
         out = Path(state.output_dir or ".")
         last = prog.last_complete_checkpoint(out)
         progressed = last is not None and last[0] > _checkpoint_step(sub.resume_from)

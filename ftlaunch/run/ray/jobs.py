@@ -28,6 +28,10 @@ class EngineUnreachable(HardwareError):
     """The Ray head (its dashboard) did not answer: the job may run on; nothing is recorded as failed."""
 
 
+class JobNotFound(FtlaunchError):
+    """The head answered and knows no such job: a new head (the old one stopped), or a cleared one."""
+
+
 def address_of(given: str | None, env: Mapping[str, str]) -> str:
     """The dashboard's URL: --address, else RAY_ADDRESS, else Ray's default; "host:port" gets http://.
     A "ray://" client address is not the Jobs API's: refused with the reason."""
@@ -80,6 +84,8 @@ def _call(address: str, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         text = str(exc)
         if "Failed to connect" in text or "Connection" in text or "Cannot connect" in text:
             raise _unreachable(address, exc) from None
+        if "does not exist" in text or "404" in text:
+            raise JobNotFound(f"the Ray head at {address} knows no job {what.rsplit(' ', 1)[-1]}") from None
         raise FtlaunchError(f"Ray refused to {what}: {text}") from None
 
 

@@ -136,6 +136,8 @@ def job_status(run_dir: Path) -> tuple[RunStatus, str | None]:
         info = jobs.job(record.address, sub.id)
     except jobs.EngineUnreachable:
         return state.status, "engine unreachable"
+    except jobs.JobNotFound:
+        return state.status, "unknown to the head"  # a new head: `ftlaunch resume` submits the run there
     if info.terminal and not state.status.is_terminal() and not follower_alive(record):
         # Nobody will act on it: the job ended and the supervisor recorded no end (resume continues).
         return RunStatus.LOST, info.status
@@ -177,7 +179,10 @@ def resubmit_by_hand(
     alive. Raises EngineUnreachable when the head does not answer: nothing is submitted then."""
     record = read_record(run_dir)
     sub = record.current
-    info = jobs.job(record.address, sub.id) if sub else None
+    try:
+        info = jobs.job(record.address, sub.id) if sub else None
+    except jobs.JobNotFound:
+        info = None  # a new head: the old one took the job with it
     if info is not None and not info.terminal:
         if changes:
             raise BusyError(
