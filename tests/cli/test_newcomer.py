@@ -74,6 +74,7 @@ def test_schedule_add_takes_every_option_train_takes():
     train_only = {"--foreground", "--follow", "-f", "--json", "--fresh", "--resume-existing"}
     train_only |= {"--slurm", "--nodes", "--partition", "--time", "--account", "--sbatch-arg"}  # a batch job
     train_only |= {"--engine"}  # where the supervisor lives: --slurm's general form (a schedule's run is local)
+    train_only |= {"--address"}  # --engine ray's head
     train_only |= {"--master-addr", "--rendezvous-timeout"}  # a batch job's rendezvous
     train_only |= {"--simulate", "--no-simulate"}  # a check before an interactive start
     missing = opts(main.commands["train"]) - train_only - opts(schedule_group.commands["add"])
