@@ -147,6 +147,16 @@ PATTERNS: tuple[Callable[[int, str], Exit | None], ...] = (
 )
 
 
+# A stop a Slurm batch step asked for (SIGUSR2, ftlaunch.run.slurm.job), as journaled: the batch step
+# then records which it was (requeued, or ended by Slurm).
+SLURM_STOP = "stopped for Slurm (time limit, requeue, preemption or an outside scancel), not by the user"
+
+
+def for_slurm(ex: Exit, signum: int | None) -> Exit:
+    """A stop asked for with SIGUSR2 is Slurm's (the batch step's), never the user's."""
+    return Exit(FailureKind.STOPPED, SLURM_STOP) if ex.kind is FailureKind.STOPPED and signum == signal.SIGUSR2 else ex
+
+
 def classify(returncode: int, log: str, *, stop_requested: bool = False) -> Exit:
     """What ended the attempt, from its exit code and its whole log: the first row of PATTERNS that matches."""
     if stop_requested:

@@ -35,7 +35,7 @@ from ftlaunch.run.notify import Notifier
 from ftlaunch.run.orphans import refuse_if_alive, runs_of_output_dir
 from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock, adopt_lock
 from ftlaunch.run.procs import start_time
-from ftlaunch.run.recovery import Action, AttemptEnd, Decision, Exit, decide
+from ftlaunch.run.recovery import SLURM_STOP, Action, AttemptEnd, Decision, Exit, decide, for_slurm
 from ftlaunch.run.rollback import HealthWatch
 from ftlaunch.run.state import Budget, FailureKind, RunStatus
 from ftlaunch.run.store import read_config, read_state, write_config
@@ -106,7 +106,7 @@ class Supervisor:
 
     def _install_signals(self) -> dict[int, Any]:
         previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):  # USR2: Slurm's (slurm/job.py)
             previous[sig] = signal.signal(sig, self._on_signal)
         return previous
 
@@ -219,6 +219,7 @@ class Supervisor:
         ended = read_state(self.run_dir)  # once: what the attempt recorded
         stopped = self.stop_signal is not None
         ex = explain(end, ended, run.out, run.weights_only, stopped, self.journal, self.read_kernel_log)
+        ex = for_slurm(ex, self.stop_signal)  # a stop Slurm asked for is never journaled as the user's
         self.journal.exited(run.attempt, end.rc, ex, end.last_step)
         # ZeRO-3 offload only where the trainer can run it and LLaMA-Factory accepts it for this config
         offload_ok = (
@@ -268,9 +269,12 @@ class Supervisor:
     ) -> int:
         values = run.values
         code = status.exit_code(trainer_rc=rc)  # the one table (ftlaunch.run.state), as the supervisor exits
+        ex = for_slurm(ex, self.stop_signal)
+        message = SLURM_STOP if ex.message == SLURM_STOP else message  # Slurm's stop: never the user's
         state = self.journal.finished(status, code, ex, message, run.budget, no_progress)
         kind = ex.kind.value if ex.kind else None
-        self.notifier.event(status.value, exit_code=code, failure_kind=kind, message=message)
+        if message != SLURM_STOP:  # a requeue is no end to notify: the batch step records what it was
+            self.notifier.event(status.value, exit_code=code, failure_kind=kind, message=message)
         if state is None:  # the run folder refuses writes: the end is said on stderr (supervisor.log)
             print(f"ftlaunch supervisor: run {self.run_dir.name} {status.value}: {message}", file=sys.stderr)
             return code

@@ -8,9 +8,10 @@ restarts from the last complete checkpoint).
 
 Signals (handlers only record; the loop acts):
 - USR1 (`--signal=B:USR1@N`, the time limit nears): the trainer is stopped gracefully through the
-  supervisor and the job requeued by us;
-- SIGTERM: `ftlaunch stop` (it writes a `stop_requested` event before its scancel): stopped. Anything
-  else is Slurm's doing and recorded as such, never as a user's stop: a requeue (scontrol requeue,
+  supervisor (SIGUSR2: journaled as Slurm's stop) and the job requeued by us;
+- SIGTERM: `ftlaunch stop` (it writes a `stop_requested` event before its scancel): forwarded as
+  SIGTERM, stopped. Anything else is Slurm's doing, forwarded as SIGUSR2 (the supervisor journals
+  "stopped by Slurm", never "by the user") and then recorded as what it was: a requeue (scontrol requeue,
   preemption with requeue, a node failure: Slurm's Restarts count went up) leaves the run `queued`;
   a cancel or preemption without requeue leaves it `lost`, saying that `ftlaunch resume` submits it
   again.
@@ -76,6 +77,13 @@ def _stays_down(run_dir: Path) -> int | None:
 def stop_requested(events: list[dict], job_id: str | None) -> bool:
     """`ftlaunch stop` asked for this job's end (pure: over the run's events)."""
     return any(e.get("event") == "stop_requested" and str(e.get("job_id")) == str(job_id) for e in events)
+
+
+def signal_for_supervisor(events: list[dict], job_id: str | None) -> int:
+    """What a SIGTERM to the batch step becomes for the supervisor (pure): SIGTERM when `ftlaunch stop`
+    asked for this job's end (a user's stop), else SIGUSR2 (Slurm's own: a requeue, a preemption, a
+    scancel from outside ftlaunch), which the supervisor journals as Slurm's, never as the user's."""
+    return signal.SIGTERM if stop_requested(events, job_id) else signal.SIGUSR2
 
 
 def ended_by_slurm(info: slurm.JobInfo, restart_count: int, run_id: str) -> tuple[RunStatus, str, str]:
@@ -166,8 +174,11 @@ def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
     while child.poll() is None:
         if (flags.usr1 or flags.term) and not forwarded:
             why = "time limit near (USR1)" if flags.usr1 else "SIGTERM (scancel, requeue or preemption)"
-            append_event(run_dir, "slurm_signal", why=why)
-            child.send_signal(signal.SIGTERM)  # the supervisor stops the trainer's group gracefully
+            sig = signal.SIGUSR2  # the time limit near: Slurm's, as a requeue or a preemption is
+            if flags.term and not flags.usr1:  # `ftlaunch stop`'s (a user's stop), or Slurm's own
+                sig = signal_for_supervisor(read_events(run_dir), job.get("SLURM_JOB_ID"))
+            append_event(run_dir, "slurm_signal", why=why, by="ftlaunch stop" if sig == signal.SIGTERM else "slurm")
+            child.send_signal(sig)  # the supervisor stops the trainer's group gracefully
             forwarded = True
         time.sleep(poll)
     code = child.returncode
