@@ -200,3 +200,22 @@ def test_a_stopped_head_is_unreachable_not_failed_and_resume_on_a_new_head_finis
     finally:
         second.stop()
         shutil.rmtree(second.temp_dir, ignore_errors=True)
+
+
+def test_the_oom_ladder_runs_beside_the_trainer_inside_the_job(ray_head, tiny, tmp_path):
+    """The supervisor is the job's driver: an OOM is retried inside the job (micro-batch halved, the
+    global batch kept), with no second submission."""
+    out = tmp_path / "out"
+    cfg = write_yaml(
+        tmp_path / "c.yaml",
+        tiny_config(tiny, out, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=4),
+    )
+    started, _env, _took = launch(ray_head, cfg, None, PYTHONPATH=INJECT, FTLAUNCH_TEST_OOM_ABOVE="1")
+    run_dir = Path(started["run_dir"])
+    done = wait_status(run_dir, {"succeeded", "failed", "lost", "stopped", "no_progress"}, timeout=400)
+    assert done["status"] == "succeeded", (done, (run_dir / "train.log").read_text()[-3000:])
+    assert done["micro_batch"] == 1 and done["micro_batch"] * done["accumulation"] == 8  # global batch kept
+    retries = [e["message"] for e in events(run_dir) if e["event"] == "retry"]
+    assert retries and retries[0].startswith("[1/4] OOM"), retries
+    assert len(read_record(run_dir).submissions) == 1  # recovered by the supervisor on the cluster
+    assert sorted(set(steps(out))) == [1, 2, 3, 4]
