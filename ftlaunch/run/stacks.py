@@ -53,6 +53,54 @@ def trainer_pids(root: int) -> list[int]:
     return sorted(pids)
 
 
+def _environ(folder: Path) -> dict[str, str]:
+    """A process's environment from /proc (empty when it cannot be read: gone, or not ours)."""
+    try:
+        raw = (folder / "environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def _is_python(folder: Path) -> bool:
+    try:
+        arg0 = (folder / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return False
+    return Path(arg0).name.startswith("python")
+
+
+def slurm_task_pids(root: int, skip: set[int], proc: Path = Path("/proc")) -> tuple[list[int], str]:
+    """In a Slurm job, the trainer (srun-trainer.sh, an srun client) does not parent its ranks: srun
+    asks slurmstepd to start them. So: the Python processes on this node whose environment has the
+    trainer's SLURM_JOB_ID and a SLURM_STEP_ID (torchrun and its ranks in the srun step), but for
+    ``skip`` (the supervisor's own line). Returns (pids, a note when other nodes' ranks are not seen
+    from here); ([], "") outside a Slurm job."""
+    job_env = _environ(proc / str(root))
+    job = job_env.get("SLURM_JOB_ID")
+    if not job:
+        return [], ""
+    found = []
+    for folder in proc.iterdir():
+        if not folder.name.isdigit() or int(folder.name) in skip:
+            continue
+        env = _environ(folder)
+        if env.get("SLURM_JOB_ID") == job and "SLURM_STEP_ID" in env and _is_python(folder):
+            found.append(int(folder.name))
+    nodes = int(job_env.get("SLURM_NNODES") or job_env.get("SLURM_JOB_NUM_NODES") or 1)
+    note = f"Slurm job {job}: the ranks running on this host; a rank on another of its {nodes} nodes is not dumped"
+    return sorted(found), note if nodes > 1 else ""
+
+
+def _own_line() -> set[int]:
+    """This process and its ancestors (the supervisor, the batch step): never dumped as a rank."""
+    try:
+        me = psutil.Process()
+        return {me.pid, *(p.pid for p in me.parents())}
+    except psutil.Error:
+        return {os.getpid()}
+
+
 def _proc_facts(pid: int) -> str:
     lines = []
     for name in ("status", "wchan", "stack"):
@@ -67,11 +115,16 @@ def _proc_facts(pid: int) -> str:
 
 
 def dump_stacks(root: int, path: Path, py_spy: str | None, timeout: float = 20.0) -> StackDump:
-    """Write every trainer process's stacks to ``path`` (never raises; the note says what failed)."""
+    """Write every trainer process's stacks to ``path`` (never raises; the note says what failed). In a
+    Slurm job, the ranks srun started on this node too (``slurm_task_pids``)."""
     pids = trainer_pids(root)
+    notes: list[str] = []
+    tasks, where = slurm_task_pids(root, {*pids, *_own_line()})
+    pids = sorted({*pids, *tasks})
+    if where:
+        notes.append(where)
     parts: list[str] = []
     dumped = 0
-    notes: list[str] = []
     if py_spy is None:
         notes.append("py-spy not found (pip install py-spy, part of ftlaunch[train]); /proc facts only")
     for pid in pids:

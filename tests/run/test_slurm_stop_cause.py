@@ -83,3 +83,35 @@ def test_ftlaunch_stop_is_still_the_users_stop(tmp_path, monkeypatch):
     st = read_state(run_dir)
     assert st.status is RunStatus.STOPPED and "by the user" in (st.message or "")
     assert "ended_by_slurm" not in [e["event"] for e in events]
+
+
+# ---------------------------------------------------------------- the stall dump in a Slurm job
+
+
+def _proc(root, pid: int, env: dict[str, str], argv: list[str]) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0")
+    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+
+
+def test_the_stall_dump_finds_the_ranks_srun_started_not_the_batch_steps_own(tmp_path):
+    """Issue 31: srun's ranks are slurmstepd's children, not the trainer's: found by the job's
+    environment (SLURM_JOB_ID and a SLURM_STEP_ID), Python only, the supervisor's own line skipped."""
+    from ftlaunch.run.stacks import slurm_task_pids
+
+    proc = tmp_path / "proc"
+    job = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2"}
+    _proc(proc, 100, job, ["srun", "--nodes=2"])  # the trainer: srun-trainer.sh exec'd srun
+    _proc(proc, 50, {**job}, ["/venv/bin/python", "-m", "ftlaunch.run.supervisor"])  # batch step: no step id
+    _proc(proc, 51, {**job, "SLURM_STEP_ID": "batch"}, ["/venv/bin/python", "-m", "ftlaunch.run.slurm.job"])
+    _proc(proc, 200, {**job, "SLURM_STEP_ID": "1"}, ["/venv/bin/python", "/venv/bin/torchrun"])
+    _proc(proc, 201, {**job, "SLURM_STEP_ID": "1", "RANK": "0"}, ["/venv/bin/python3.11", "launcher.py"])
+    _proc(proc, 202, {**job, "SLURM_STEP_ID": "1"}, ["bash", "-c", "exec trainer"])  # not Python
+    _proc(proc, 300, {"SLURM_JOB_ID": "8", "SLURM_STEP_ID": "0"}, ["/venv/bin/python", "x.py"])  # another job
+    pids, note = slurm_task_pids(100, skip={51}, proc=proc)
+    assert pids == [200, 201]
+    assert "Slurm job 7" in note and "another of its 2 nodes" in note
+    assert slurm_task_pids(300, skip=set(), proc=proc)[1] == ""  # a job of one node: nothing unseen
+    _proc(proc, 400, {"PATH": "/bin"}, ["python"])  # not in a Slurm job
+    assert slurm_task_pids(400, skip=set(), proc=proc) == ([], "")
