@@ -466,9 +466,10 @@ def resume(
     --gpu/--hardware: resume on other hardware. The run is planned again for that machine with its
     global batch kept (micro-batch x accumulation x processes), from its last complete checkpoint:
     weights, optimizer, scheduler, step and data position; the same rows in the same order as an
-    uninterrupted run. Refused before anything changes (exit 3) where that cannot hold: a global batch
-    that cannot be kept, a DeepSpeed checkpoint on another process count. Without either option the
-    run resumes as it was planned (this machine is not probed).
+    uninterrupted run (a warning says where not: group_by_length, streaming, a last partial batch).
+    Refused before anything changes (exit 3) where that cannot hold: a global batch that cannot be
+    kept, a DeepSpeed checkpoint on another process count. Without either option the run resumes as it
+    was planned (this machine is not probed).
 
     \b
     Examples:
