@@ -23,7 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -188,8 +188,6 @@ def follow(
 
 def register(run_dir: Path, pid: int) -> None:
     """Record the follower's pid (with its start time: liveness) in ray.json."""
-    from dataclasses import replace
-
     record = read_record(run_dir)
     write_record(run_dir, replace(record, follower_pid=pid, follower_start=start_time(pid)))
 

@@ -150,7 +150,7 @@ def stop_job(run_dir: Path, grace: float = 30.0, poll: float = 0.2) -> str:
     state = read_state(run_dir)
     record = read_record(run_dir)
     sub = record.current
-    if state.status.is_terminal() and state.status is not RunStatus.RECOVERING:
+    if state.status.is_terminal():
         return f"run {run_dir.name} already {state.status.value}"
     if sub is None:
         update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="stopped by the user")
