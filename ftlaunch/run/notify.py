@@ -335,7 +335,9 @@ def message(
     except StateError as exc:
         v = None
         why = exc.message
-    losses = losses_of(tail_lines(folder.records, 16 * 1024))
+    records = tail_lines(folder.records, 16 * 1024)
+    losses = losses_of(records)
+    step, total, loss = latest_step(records, v.step if v else None, v.total_steps if v else None, v.loss if v else None)
     msg: dict[str, Any] = {
         "event": event,
         "t": now_iso(),
@@ -345,10 +347,10 @@ def message(
         "machine": platform.node(),
         "status": v.status.value if v else "unreadable",
         "failure_kind": v.failure_kind.value if v and v.failure_kind else None,
-        "step": v.step if v else None,
-        "total_steps": v.total_steps if v else None,
+        "step": step,
+        "total_steps": total,
         "elapsed_s": v.cost.wall_seconds if v else None,
-        "loss": v.loss if v else None,
+        "loss": loss,
         "loss_trend": sparkline(losses, 10) or None,
         "recent_losses": [round(x, 4) for x in losses[-10:]],
         "output_dir": v.output_dir if v else None,
@@ -370,6 +372,24 @@ def message(
     # Slack, Mattermost and Rocket.Chat incoming webhooks read "text": a plain https URL of theirs works too.
     clean["title"], clean["text"] = title_of(clean), text_of(clean)
     return clean
+
+
+def latest_step(
+    records: bytes, step: int | None, total: int | None, loss: float | None
+) -> tuple[int | None, int | None, float | None]:
+    """(step, total steps, loss): the state's, unless the last line of trainer_records.jsonl is a step
+    record past it (the supervisor throttles its state updates: a stall's message said step 7 while
+    the watchdog's cause said 'after step 8'). An attempt marker last: the state's. Pure."""
+    from ftlaunch.run.records import MARK
+    from ftlaunch.run.store import json_lines
+
+    recs, _ = json_lines(records, lambda r: True)
+    last = recs[-1] if recs else {}
+    now = last.get("current_steps")
+    if MARK in last or not isinstance(now, int) or (step is not None and now <= step):
+        return step, total, loss
+    got = last.get("loss")
+    return now, last.get("total_steps") or total, float(got) if isinstance(got, (int, float)) else loss
 
 
 # ---------------------------------------------------------------- delivery (one try; never raises)

@@ -336,3 +336,15 @@ def test_a_message_in_flight_when_the_supervisor_ends_is_not_sent_twice(tmp_path
     nt._finish_jobs(run_dir, env, handed)  # the child: finds the record, sends nothing
     assert time.monotonic() - t0 < 1 and got.read_text() == "sent\n"
     assert len([e for e in read_events(run_dir) if e["event"] == "notified"]) == 1
+
+
+def test_the_message_takes_the_step_of_the_last_record_past_the_throttled_state():
+    rec = (
+        b'{"current_steps": 7, "total_steps": 40, "loss": 6.1}\n{"current_steps": 8, "total_steps": 40, "loss": 6.2}\n'
+    )
+    assert nt.latest_step(rec, 7, 40, 6.1) == (8, 40, 6.2)  # the state lags a step: the record's
+    assert nt.latest_step(rec, 8, 40, 6.2) == (8, 40, 6.2) == nt.latest_step(rec, None, None, None)
+    assert nt.latest_step(rec, 12, 40, 5.0) == (12, 40, 5.0)  # a resumed attempt below the state's step
+    marked = rec + b'{"ftlaunch_attempt": 2, "resume_from": "checkpoint-4"}\n'
+    assert nt.latest_step(marked, 7, 40, 6.1) == (7, 40, 6.1)  # a new attempt, no step of its own yet
+    assert nt.latest_step(b"", None, None, None) == (None, None, None)
