@@ -219,3 +219,27 @@ def test_the_oom_ladder_runs_beside_the_trainer_inside_the_job(ray_head, tiny, t
     assert retries and retries[0].startswith("[1/4] OOM"), retries
     assert len(read_record(run_dir).submissions) == 1  # recovered by the supervisor on the cluster
     assert sorted(set(steps(out))) == [1, 2, 3, 4]
+
+
+def test_the_stall_watchdog_runs_beside_the_trainer_inside_the_job(ray_head, tiny, tmp_path):
+    """A trainer frozen with SIGSTOP on the cluster is found stalled by the supervisor (the job's
+    driver), its stacks dumped, and restarted from the last complete checkpoint inside the same job."""
+    out = tmp_path / "out"
+    cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, out, max_steps=24, save_steps=8))
+    env = child_env(PYTHONPATH=INJECT, FTLAUNCH_TEST_STEP_SLEEP="0.3")
+    r = ftl("train", str(cfg), "--engine", "ray", "--address", ray_head.address, "--stall-timeout", "20", "--json",
+            env=env)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_dir = Path(json.loads(r.stdout)["run_dir"])
+    wait_for(lambda: (out / "trainer_log.jsonl").exists() and max(steps(out), default=0) >= 11, "step 11", 300)
+    os.kill(state(run_dir)["trainer_pid"], signal.SIGSTOP)
+    frozen_at = time.time()
+    stalled = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "stalled"], "stalled", timeout=120)
+    latency = _seconds(stalled[0]["t"]) - frozen_at
+    done = wait_status(run_dir, {"succeeded", "failed", "lost", "stopped", "no_progress", "stalled"}, timeout=400)
+    assert done["status"] == "succeeded", (done, (run_dir / "train.log").read_text()[-3000:])
+    retry = [e for e in events(run_dir) if e["event"] == "retry"]
+    assert len(retry) == 1 and "[1/2] stalled" in retry[0]["message"], retry
+    assert len(read_record(run_dir).submissions) == 1  # restarted by the supervisor on the cluster
+    assert set(steps(out)) == set(range(1, 25))
+    print(f"SIGSTOP -> stalled event {latency:.1f} s (stall timeout 20 s)")

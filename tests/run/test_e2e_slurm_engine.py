@@ -106,3 +106,40 @@ def test_the_disk_forecast_goes_to_the_node_and_notifications_travel(tiny, tmp_p
     text = got.read_text() if got.exists() else ""
     assert '"started"' in text and '"succeeded"' in text, text[-2000:]
     print(f"train --engine slurm -> sbatch: {to_sbatch:.1f} s (plan, preflight, disk forecast)")
+
+
+def test_the_stall_dump_of_a_slurm_run_holds_the_ranks_python_stacks(tiny, tmp_path, env, isolated_home):
+    """Issue 31: the ranks are srun's (slurmstepd's children), not the trainer's: the dump finds them by
+    the job's environment. Here both nodes are this machine, so both ranks are dumped."""
+    import signal
+
+    from .test_e2e_slurm_real import _rank1_worker
+
+    cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, tmp_path / "out", num_train_epochs=2.0))
+    r = ftl("train", str(cfg), "--engine", "slurm", "--nodes", "2", "--gpu", "none", "--stall-timeout", "15",
+            "--json", env=env, timeout=400)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    started = json.loads(r.stdout)
+    run_dir = Path(started["run_dir"])
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "out" / "checkpoint-4").exists():
+        assert time.monotonic() < deadline, (run_dir / "train.log").read_text()[-2000:]
+        time.sleep(0.3)
+    pid = _rank1_worker(started["id"])
+    os.kill(pid, signal.SIGSTOP)  # rank 0 now waits in gloo's allreduce; no step is logged
+    try:
+        wait_for(env, started["id"], lambda v: "stalled" in [e["event"] for e in events(run_dir)], timeout=240)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    dumps = sorted((run_dir / "stacks").glob("*.txt"))
+    assert dumps, sorted(p.name for p in run_dir.iterdir())
+    text = dumps[0].read_text()
+    # torchrun and its rank on each node (their command lines name launcher.py), found though srun does
+    # not parent them; py-spy read their Python stacks (a "Thread" line each), the SIGSTOPped rank's too
+    ranks = [block for block in text.split("===== pid ")[1:] if "launcher.py" in block.splitlines()[0]]
+    assert len(ranks) >= 2, text[:3000]
+    assert sum("Thread" in block for block in ranks) >= 2, text[:4000]
+    ftl("stop", started["id"], env=env)
