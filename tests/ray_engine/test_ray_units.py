@@ -201,3 +201,17 @@ def test_planning_status_and_runs_never_import_ray(tmp_path):
         assert "ray was imported" not in py("-m", "ftlaunch", *args), args
     probe = "import ftlaunch.run.ray.follow, ftlaunch.run.ray.machine, sys; print('ray' in sys.modules)"
     assert py("-c", probe).strip() == "False"
+
+
+def test_without_the_extra_a_ray_run_is_refused_before_it_is_planned(monkeypatch):
+    import importlib.util
+
+    from ftlaunch.errors import TrainerError
+    from ftlaunch.run.engines.ray import Ray
+    from ftlaunch.run.prepare import PlanRequest
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(TrainerError) as e:
+        Ray(address="http://127.0.0.1:1", env={}).request(PlanRequest(config="never-read.yaml"))
+    assert e.value.exit_code == 13 and said("pip install 'ftlaunch[ray]'", e.value.hint)

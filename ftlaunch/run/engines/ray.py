@@ -55,6 +55,7 @@ class Ray:
 
     def request(self, req: PlanRequest) -> PlanRequest:
         """The cluster's largest node as the machine; LLaMA-Factory's Ray mode refused when it cannot fit."""
+        jobs.require_extra()
         return cluster_request(req, self.env or {}, self._address())
 
     def adapt(self, p: Plan) -> Plan:

@@ -61,14 +61,24 @@ def nodes(address: str, timeout: float = 10.0) -> tuple[Node, ...]:
         raise _unreachable(address, exc) from None
 
 
+_NOT_INSTALLED = "--engine ray needs Ray's job client: the ray extra is not installed in this Python"
+_INSTALL = "pip install 'ftlaunch[ray]' (ray[default] 2.60.0)"
+
+
+def require_extra() -> None:
+    """TrainerError (exit 13) at once when the ray extra is missing: before a run is planned, not
+    at its submission. Finds the package without importing it."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise TrainerError(_NOT_INSTALLED, hint=_INSTALL)
+
+
 def _client(address: str) -> Any:
     try:
         from ray.job_submission import JobSubmissionClient
     except ImportError:
-        raise TrainerError(
-            "--engine ray needs Ray's job client: the ray extra is not installed in this Python",
-            hint="pip install 'ftlaunch[ray]' (ray[default] 2.60.0)",
-        ) from None
+        raise TrainerError(_NOT_INSTALLED, hint=_INSTALL) from None
     try:
         return JobSubmissionClient(address)
     except Exception as exc:  # ConnectionError, and whatever the client raises on a dead head
