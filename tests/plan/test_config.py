@@ -126,18 +126,14 @@ print(json.dumps(read_args()))
 
 
 @pytest.mark.skipif(not have_llamafactory(), reason="the train extra (llamafactory) is not installed")
-def test_loading_gives_what_llamafactory_read_args_gives(tmp_path):
+def test_loading_gives_what_llamafactory_read_args_gives(tmp_path, lf_child):
     (tmp_path / "c.yaml").write_text(
         "stage: sft\nrun_name: 2024-01-01\nlearning_rate: 1e-5\nbf16: yes\ncutoff_len: 1_024\n"
         "dataset: identity,alpaca_en_demo\nlora_target: q_proj,v_proj\noutput_dir: ${oc.env:HOME}/out\n"
     )
     overrides = ["warmup_ratio=.1", "logging_steps=0x10", "save_steps=", "run_name=2025-02-03", "num_train_epochs=3"]
-    r = subprocess.run(
-        [sys.executable, "-c", READ_ARGS, str(tmp_path / "c.yaml"), *overrides],
-        capture_output=True,
-        text=True,
-        env=child_env(DISABLE_VERSION_CHECK="1"),
-        check=True,
+    r = lf_child.run(
+        ["-c", READ_ARGS, str(tmp_path / "c.yaml"), *overrides], env=child_env(DISABLE_VERSION_CHECK="1"), check=True
     )
     theirs = json.loads(r.stdout.strip().splitlines()[-1])
     assert load_config("c.yaml", overrides, cwd=tmp_path).values == theirs

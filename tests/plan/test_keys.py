@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -12,11 +10,9 @@ from ..conftest import ROOT, child_env, have_llamafactory
 
 
 @pytest.mark.skipif(not have_llamafactory(), reason="the train extra (llamafactory) is not installed")
-def test_known_keys_match_installed_llamafactory():
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gen_llamafactory_keys.py"), "--check"],
-        capture_output=True,
-        text=True,
+def test_known_keys_match_installed_llamafactory(lf_child):
+    r = lf_child.run(
+        [str(ROOT / "scripts" / "gen_llamafactory_keys.py"), "--check"],
         env=child_env(DISABLE_VERSION_CHECK="1"),
         check=True,
     )

@@ -9,8 +9,6 @@ with the installed llamafactory), and to what a plan does with them.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
@@ -19,7 +17,7 @@ from ftlaunch.cli.main import main
 from ftlaunch.errors import ConfigError
 from ftlaunch.plan.config import known_keys, load_config, validate_keys
 
-from ..conftest import ROOT, child_env, have_llamafactory
+from ..conftest import ROOT, child_env
 
 # Parses a config with each key that takes a list or a string, in both forms, with llamafactory's own
 # parser (what `llamafactory-cli train` does to a YAML), and says what each became or why it failed.
@@ -54,16 +52,11 @@ def _list_or_str_keys() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def parsed(tmp_path_factory) -> dict:
-    if not have_llamafactory():
-        pytest.skip("the train extra (llamafactory) is not installed")
+def parsed(tmp_path_factory, lf_child) -> dict:
     keys = [*_list_or_str_keys(), "adapter_name_or_path"]
-    r = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(keys), str(tmp_path_factory.mktemp("out"))],
-        capture_output=True,
-        text=True,
+    r = lf_child.run(
+        ["-c", CHILD, json.dumps(keys), str(tmp_path_factory.mktemp("out"))],
         env=child_env(DISABLE_VERSION_CHECK="1"),
-        timeout=300,
         check=True,
     )
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -9,8 +9,6 @@ it accepts must pass both.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -19,7 +17,7 @@ from click.testing import CliRunner
 from ftlaunch.cli.main import main
 from ftlaunch.plan.rules import config_refusals, missing_refusals
 
-from ..conftest import child_env, have_llamafactory
+from ..conftest import child_env
 
 BASE = {"model_name_or_path": "m", "stage": "sft", "do_train": True, "dataset": "a", "finetuning_type": "lora"}
 
@@ -119,16 +117,11 @@ def _ours(values: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def llamafactory_says(tmp_path_factory) -> dict[str, str]:
-    if not have_llamafactory():
-        pytest.skip("the train extra (llamafactory) is not installed")
+def llamafactory_says(tmp_path_factory, lf_child) -> dict[str, str]:
     cases = {name: _config(extra) for name, extra in {**REFUSED, **ACCEPTED}.items()}
-    r = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(cases), str(tmp_path_factory.mktemp("out"))],
-        capture_output=True,
-        text=True,
+    r = lf_child.run(
+        ["-c", CHILD, json.dumps(cases), str(tmp_path_factory.mktemp("out"))],
         env=child_env(DISABLE_VERSION_CHECK="1", CUDA_VISIBLE_DEVICES=""),
-        timeout=300,
         check=True,
     )
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -5,8 +5,6 @@ be adapted is a config error naming USE_V1 and what is missing."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -138,7 +136,7 @@ def test_mixed_schemas_and_v0_under_use_v1_are_refused(tmp_path):
 
 
 @pytest.mark.skipif(not have_llamafactory(), reason="the train extra (llamafactory) is not installed")
-def test_adapted_v1_configs_pass_llamafactorys_v1_parser_and_the_schema_is_current(tmp_path):
+def test_adapted_v1_configs_pass_llamafactorys_v1_parser_and_the_schema_is_current(tmp_path, lf_child):
     configs = []
     for path in V1_EXAMPLES:
         if path.name not in REFUSED:
@@ -152,12 +150,10 @@ def test_adapted_v1_configs_pass_llamafactorys_v1_parser_and_the_schema_is_curre
         "for c in json.load(open(sys.argv[1])): get_args(c)\n"
         "print('parsed', len(json.load(open(sys.argv[1]))))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, env=child_env())
+    r = lf_child.run(["-c", code, str(spec)], env=child_env())
     assert r.returncode == 0 and said(f"parsed {len(configs)}", r.stdout), r.stderr[-2000:]
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gen_llamafactory_keys.py"), "--check"],
-        capture_output=True,
-        text=True,
+    r = lf_child.run(
+        [str(ROOT / "scripts" / "gen_llamafactory_keys.py"), "--check"],
         env=child_env(DISABLE_VERSION_CHECK="1"),
         check=True,
     )
