@@ -117,7 +117,7 @@ def test_the_sbatch_script_and_its_wrapper_hold_no_secret(tmp_path, isolated_hom
     cfg = write_config(tmp_path, hub_token=hub)
     r = cli("train", str(cfg), "--slurm", "--nodes", "2", "--gpu", "none", "--json")
     assert r.exit_code == 0, r.output
-    run_dir = Path(json.loads(r.output)["run_dir"])
+    run_dir = Path(json.loads(r.stdout)["run_dir"])  # --json's one document on stdout; what train says, on stderr
     script = (run_dir / "job.sbatch").read_text()
     assert "exec " in script and (run_dir / "srun-trainer.sh").exists()
     found = holders([hub, env_token], isolated_home, tmp_path / "out", bindir)
