@@ -65,6 +65,14 @@ def launch(head, cfg: Path, gpu: str | None = None, **env_extra: str):
     return json.loads(r.stdout), env, time.monotonic() - t0
 
 
+def follower_gone(run_dir: Path) -> bool:
+    """The run's follower has exited (it does once the run's end is recorded)."""
+    from ftlaunch.run.procs import Liveness, liveness
+
+    record = read_record(run_dir)
+    return liveness(record.follower_pid, record.follower_start) is Liveness.DEAD
+
+
 def wait_status(run_dir: Path, wanted: set[str], timeout: float = 300) -> dict:
     return wait_for(lambda: state(run_dir) if state(run_dir)["status"] in wanted else None, str(wanted), timeout)
 
@@ -92,6 +100,7 @@ def test_two_cpu_processes_train_the_tiny_model_as_a_ray_job(ray_head, tiny, tmp
     assert len(read_record(run_dir).submissions) == 1
     shown = json.loads(ftl("status", run_dir.name, "--json", env=env).stdout)
     assert shown["status"] == "succeeded", shown
+    wait_for(lambda: follower_gone(run_dir), "the follower's exit", timeout=30)
     latency = _seconds(first["t"]) - _seconds(submitted["t"])
     print(f"start_run (plan, preflight, submit) {took:.1f} s; submitted -> supervisor's attempt 1 {latency:.1f} s")
 
@@ -197,6 +206,7 @@ def test_a_stopped_head_is_unreachable_not_failed_and_resume_on_a_new_head_finis
         trained = steps(out)
         assert resumed >= 4 and set(trained) == set(range(1, 17))
         assert trained[-(16 - resumed) :] == list(range(resumed + 1, 17))
+        wait_for(lambda: follower_gone(run_dir), "the follower's exit", timeout=30)
     finally:
         second.stop()
         shutil.rmtree(second.temp_dir, ignore_errors=True)

@@ -128,7 +128,9 @@ def follow(
         record = read_record(run_dir)
         sub = record.current
         state = read_state(run_dir)
-        if sub is None:
+        if sub is None or state.status.is_terminal():
+            # Ended as recorded (the supervisor's own end, a stop): nothing is left to submit, and a head
+            # torn down right after must not keep a follower asking it for ten minutes.
             return state.status
         try:
             info = jobs.job(record.address, sub.id)
