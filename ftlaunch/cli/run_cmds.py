@@ -504,9 +504,10 @@ def resume(
         from ftlaunch.plan.render import plan_renderables
         from ftlaunch.run.control import preview_replan
         from ftlaunch.run.prepare import PlanRequest, get_hardware
+        from ftlaunch.run.store import RunFolder
 
         check_typed_machine([gpu] if gpu is not None else [])
-        request = PlanRequest(config=str(run_dir / "config.yaml"), gpu=gpu, hardware_file=hardware_file)
+        request = PlanRequest(config=str(RunFolder(run_dir).config), gpu=gpu, hardware_file=hardware_file)
         hardware = get_hardware(request, env_now())
         r = preview_replan(run_dir, hardware)
         for item in plan_renderables(replace(r.plan, changes=r.changes), title=f"resume {run_dir.name}"):
