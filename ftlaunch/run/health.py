@@ -215,23 +215,35 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
     step = _step_of(rec)
     has_loss = "loss" in rec
     loss = as_number(rec.get("loss"))
-    grad = as_number(rec.get("grad_norm")) if "grad_norm" in rec else None
     if v.first_step is None and has_loss:  # once per attempt
         v = replace(v, first_step=step)
     if has_loss and (loss is None or not math.isfinite(loss)):
         return _bad(v, BadRecord(step, Signal.NONFINITE_LOSS, {"loss": _shown(rec.get("loss"))}), n)
     if loss is not None and loss == 0.0 and v.seen_positive_loss and t.zero_loss_is_nan:
         return _bad(v, BadRecord(step, Signal.HIDDEN_NAN, {"loss": 0.0}), n)
+    bad, skips, zero = _grad_norm_runs(v, rec, step, t, fp16=fp16)
+    if bad is not None:
+        return _bad(v, bad, n)
+    if loss is None:
+        return replace(v, records=n, skips=skips, zero_grads=zero)
+    return _fold_loss(v, step, loss, n, skips, zero, t)
+
+
+def _grad_norm_runs(
+    v: Verdict, rec: Mapping[str, Any], step: int | None, t: Thresholds, *, fp16: bool
+) -> tuple[BadRecord | None, tuple[BadRecord, ...], tuple[int | None, int]]:
+    """The record's grad_norm against the runs so far: (the divergence or None, fp16 skips, zero grad_norms)."""
+    grad = as_number(rec.get("grad_norm")) if "grad_norm" in rec else None
     skips = v.skips
     if "grad_norm" in rec and (grad is None or not math.isfinite(grad)):
         b = BadRecord(step, Signal.NONFINITE_GRAD_NORM, {"grad_norm": _shown(rec.get("grad_norm"))})
         if not fp16:
-            return _bad(v, b, n)
+            return b, skips, v.zero_grads
         # fp16: the dynamic loss scaler skips an overflowing step and lowers the scale; a few are normal.
         skips = (*v.skips, replace(b, signal=Signal.SCALER_SKIPS))
         if len(skips) >= t.max_scaler_skips:
             first = skips[0]
-            return _bad(v, replace(first, values={**first.values, "consecutive": len(skips)}), n)
+            return replace(first, values={**first.values, "consecutive": len(skips)}), skips, v.zero_grads
     else:
         skips = ()
     zero = v.zero_grads
@@ -239,9 +251,20 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
         # A dead model: the optimizer has nothing to follow. Exactly 0, as HF logs it ('0').
         zero = ((step if zero[1] == 0 else zero[0]), zero[1] + 1) if grad == 0 else (None, 0)
         if _dead(zero[0], step, zero[1], 2, t):
-            return _bad(v, BadRecord(zero[0], Signal.ZERO_GRAD_NORM, {"grad_norm": 0.0, "consecutive": zero[1]}), n)
-    if loss is None:
-        return replace(v, records=n, skips=skips, zero_grads=zero)
+            return BadRecord(zero[0], Signal.ZERO_GRAD_NORM, {"grad_norm": 0.0, "consecutive": zero[1]}), skips, zero
+    return None, skips, zero
+
+
+def _fold_loss(
+    v: Verdict,
+    step: int | None,
+    loss: float,
+    n: int,
+    skips: tuple[BadRecord, ...],
+    zero: tuple[int | None, int],
+    t: Thresholds,
+) -> Verdict:
+    """Fold a finite training loss: huge spikes, flat losses, sustained spikes, else a good record."""
     positive = v.seen_positive_loss or loss > 0
     ref = v.first_median
     if ref > 0 and loss > t.huge_spike_factor * ref:
@@ -273,7 +296,20 @@ def observe(v: Verdict, rec: Mapping[str, Any], t: Thresholds = Thresholds(), *,
                 seen_positive_loss=positive,
                 **tracked,
             )
-    # A good record: it extends the median's window and is a candidate rollback point.
+    return _good(v, step, loss, n, skips, positive, tracked, t)
+
+
+def _good(
+    v: Verdict,
+    step: int | None,
+    loss: float,
+    n: int,
+    skips: tuple[BadRecord, ...],
+    positive: bool,
+    tracked: dict[str, Any],
+    t: Thresholds,
+) -> Verdict:
+    """A good record: it extends the median's window and is a candidate rollback point."""
     known_good = step is not None and not skips
     since = None if v.since_spike is None else v.since_spike + 1
     spiky = since is not None and since < t.window
