@@ -435,6 +435,44 @@ class HealthWatch:
             self.judge_end(out, values, weights_only)
         if not self.verdict.diverged or self.policy is OnDiverge.IGNORE:
             return None
+        d, cks, complete, python, scanned = self._decide(out, values, weights_only)
+        stamp = now_stamp()
+        listed, kept, older = self._set_aside(out, d, cks, weights_only, stamp)
+        if d.action is Response.ROLLBACK and "learning_rate" in d.edits and d.resume_from:
+            err = scale_lr(out, d.resume_from, d.edits["learning_rate"], python, stamp)
+            if err:
+                d = replace(
+                    d,
+                    action=Response.GIVE_UP,
+                    message=f"{d.message}; but the lr in {d.resume_from} could not be lowered ({err}): giving up",
+                )
+        d = replace(d, message=f"{d.message}; {aside_tail(d, listed, kept, older)}")
+        if d.action is Response.ROLLBACK:
+            self._write(
+                append_event,
+                self.run_dir,
+                "rolled_back",
+                resume_from=d.resume_from,
+                edits=d.edits,
+                message=d.message,
+                remedy=d.remedy,
+                weight_scan_s=round(scanned, 3),
+            )
+        target = next((s for s, p in complete if p.name == d.resume_from), None)  # set-aside ones are gone
+        self._write(
+            update_state,
+            self.run_dir,
+            health=self.verdict.to_dict(),
+            diverged=self.verdict.to_dict(),
+            last_checkpoint=target,
+        )
+        self.say(f"ftlaunch: {d.message}")
+        return d
+
+    def _decide(
+        self, out: Path, values: dict[str, Any], weights_only: bool
+    ) -> tuple[Decision, list[Checkpoint], list[tuple[int, Path]], str, float]:
+        """Scan the complete checkpoints and decide: (decision, checkpoints, complete ones, python, scan seconds)."""
         plan = read_plan(self.run_dir)
         tried = self.tried()
         complete = [(s, p) for s, p in checkpoint_dirs(out) if not checkpoint_problems(p, weights_only)]
@@ -459,7 +497,12 @@ class HealthWatch:
             fp32_fits=fp32_fits(MemoryPrediction.from_dict(plan.get("memory"))),
             tried=tried,
         )
-        stamp = now_stamp()
+        return d, cks, complete, python, scanned
+
+    def _set_aside(
+        self, out: Path, d: Decision, cks: list[Checkpoint], weights_only: bool, stamp: int
+    ) -> tuple[list[str], list[str], list[str]]:
+        """Set aside what the decision names, the final weights and a save cut short: (listed, kept, older)."""
         moved = set_aside(out, d.set_aside, stamp) + set_aside_final(out, stamp)
         why = {c.name: c.why for c in cks}
         listed = [f"{m} ({why[m.split(' -> ')[0]]})" if why.get(m.split(" -> ")[0]) else m for m in moved]
@@ -476,38 +519,14 @@ class HealthWatch:
         aside = {name for name, _ in d.set_aside}
         kept = [c.name for c in sorted(cks, key=lambda c: c.step) if c.name not in aside]
         older = [p.name for _, p in checkpoint_dirs(out) if p.name not in kept]  # incomplete ones still there
-        if d.action is Response.ROLLBACK and "learning_rate" in d.edits and d.resume_from:
-            err = scale_lr(out, d.resume_from, d.edits["learning_rate"], python, stamp)
-            if err:
-                d = replace(
-                    d,
-                    action=Response.GIVE_UP,
-                    message=f"{d.message}; but the lr in {d.resume_from} could not be lowered ({err}): giving up",
-                )
-        tail = f"set aside: {', '.join(listed)}" if listed else "nothing set aside"
-        if d.action is not Response.ROLLBACK:
-            if older:
-                tail += f"; incomplete, left as they are: {', '.join(older)}"
-            tail += f"; every checkpoint is kept; left in place: {', '.join(kept) or 'none'}"
-        d = replace(d, message=f"{d.message}; {tail}")
-        if d.action is Response.ROLLBACK:
-            self._write(
-                append_event,
-                self.run_dir,
-                "rolled_back",
-                resume_from=d.resume_from,
-                edits=d.edits,
-                message=d.message,
-                remedy=d.remedy,
-                weight_scan_s=round(scanned, 3),
-            )
-        target = next((s for s, p in complete if p.name == d.resume_from), None)  # set-aside ones are gone
-        self._write(
-            update_state,
-            self.run_dir,
-            health=self.verdict.to_dict(),
-            diverged=self.verdict.to_dict(),
-            last_checkpoint=target,
-        )
-        self.say(f"ftlaunch: {d.message}")
-        return d
+        return listed, kept, older
+
+
+def aside_tail(d: Decision, listed: list[str], kept: list[str], older: list[str]) -> str:
+    """What a rollback decision's message says of the checkpoints: set aside, and (no rollback) left in place."""
+    tail = f"set aside: {', '.join(listed)}" if listed else "nothing set aside"
+    if d.action is not Response.ROLLBACK:
+        if older:
+            tail += f"; incomplete, left as they are: {', '.join(older)}"
+        tail += f"; every checkpoint is kept; left in place: {', '.join(kept) or 'none'}"
+    return tail
