@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ftlaunch.errors import BusyError, ConfigError, StateError, StateVersionError
 from ftlaunch.files import now_iso
@@ -140,26 +140,10 @@ def resume_run(
     The restart happens under the output_dir lock, taken before any state changes and handed to
     the new supervisor: of two concurrent resumes one restarts the run, the other exits 7 (or
     re-attaches) and touches nothing."""
-    from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock
-
-    try:
-        state = read_state(run_dir)
-    except StateVersionError:
-        raise  # another ftlaunch's state: not ours to rebuild over
-    except StateError:
-        state = rebuild_state(run_dir)
+    state = _read_or_rebuild(run_dir)
     if hardware is not None:
         _refuse_slurm_replan(run_dir, state)
-
-    # A run its engine resumes (a Slurm run trains only inside its own job: from anywhere else, resume
-    # means sbatch again); None: restart it here.
-    def edit() -> None:
-        if overrides:
-            edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
-
-    resumed = of_state(state).resume(
-        run_dir, state, env, edit=edit, overrides=overrides, cwd=cwd, allow_env_change=allow_env_change
-    )
+    resumed = _engine_resume(run_dir, state, env, overrides, allow_global_batch_change, allow_env_change, cwd)
     if resumed is not None:
         return resumed
     edits = overrides if hardware is None else (*overrides, "--gpu")  # a live run's config never changes
@@ -167,43 +151,20 @@ def resume_run(
     if verdict is not None:
         return verdict
     output_dir = state.output_dir or ""
+    lock = _lock_output_dir(run_dir, env, output_dir)
     try:
-        lock = acquire_output_lock(env, output_dir, run_dir.name)
-    except OutputDirBusy as exc:
-        if exc.holder == run_dir.name:
-            raise BusyError(
-                f"run {run_dir.name} is being started by another process right now",
-                hint=f"`ftlaunch status {run_dir.name}` shows it in a moment",
-            ) from None
-        raise
-    try:
-        state = read_state(run_dir)  # again, under the lock: another resume may have come first
-        verdict = _resume_verdict(run_dir, state, edits)
+        verdict = _prepare_restart(
+            run_dir,
+            env,
+            output_dir,
+            edits,
+            overrides=overrides,
+            allow_global_batch_change=allow_global_batch_change,
+            allow_env_change=allow_env_change,
+            hardware=hardware,
+        )
         if verdict is not None:
             return verdict
-        status = state.status
-        if not allow_env_change:
-            resumes = prog.last_complete_checkpoint(Path(output_dir))
-            refuse_resume(run_dir, env, state, resumes[1].name if resumes else None)
-        _end_orphans(run_dir, env, output_dir, state)
-        if hardware is not None:
-            _apply_replan(run_dir, preview_replan(run_dir, hardware))
-        if overrides:
-            edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
-        out = Path(state.output_dir or "")
-        last = prog.last_complete_checkpoint(out)
-        if overrides and last is not None:
-            _rewrite_checkpoint_lr(run_dir, env, out, last[1].name, overrides)
-        # A run that gave up gets a fresh budget: the user changed something, or wants another go.
-        update_state(
-            run_dir,
-            status=RunStatus.STARTING,
-            budget=state.budget.refilled(),
-            pid=None,
-            trainer_pid=None,
-            allow_env_change=allow_env_change or None,
-        )
-        append_event(run_dir, "resumed", previous=status.value, from_checkpoint=last[1].name if last else None)
     except BaseException:
         lock.close()
         raise
@@ -211,6 +172,95 @@ def resume_run(
     if foreground:
         return Resumed(ResumeOutcome.FOREGROUND, exit_code=started.exit_code)
     return Resumed(ResumeOutcome.RESTARTED, pid=started.pid)
+
+
+def _engine_resume(
+    run_dir: Path,
+    state: RunState,
+    env: Mapping[str, str],
+    overrides: tuple[str, ...],
+    allow_global_batch_change: bool,
+    allow_env_change: bool,
+    cwd: str | Path | None,
+) -> Resumed | None:
+    """A run its engine resumes (a Slurm run trains only inside its own job: from anywhere else, resume
+    means sbatch again); None: restart it here."""
+
+    def edit() -> None:
+        if overrides:
+            edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
+
+    return of_state(state).resume(
+        run_dir, state, env, edit=edit, overrides=overrides, cwd=cwd, allow_env_change=allow_env_change
+    )
+
+
+def _read_or_rebuild(run_dir: Path) -> RunState:
+    """The run's state; a damaged one is rebuilt, another ftlaunch's version is not ours to touch."""
+    try:
+        return read_state(run_dir)
+    except StateVersionError:
+        raise  # another ftlaunch's state: not ours to rebuild over
+    except StateError:
+        return rebuild_state(run_dir)
+
+
+def _lock_output_dir(run_dir: Path, env: Mapping[str, str], output_dir: str) -> IO[str]:
+    """The output_dir lock for a restart; this run's own holder means another resume is starting it."""
+    from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock
+
+    try:
+        return acquire_output_lock(env, output_dir, run_dir.name)
+    except OutputDirBusy as exc:
+        if exc.holder == run_dir.name:
+            raise BusyError(
+                f"run {run_dir.name} is being started by another process right now",
+                hint=f"`ftlaunch status {run_dir.name}` shows it in a moment",
+            ) from None
+        raise
+
+
+def _prepare_restart(
+    run_dir: Path,
+    env: Mapping[str, str],
+    output_dir: str,
+    edits: tuple[str, ...],
+    *,
+    overrides: tuple[str, ...],
+    allow_global_batch_change: bool,
+    allow_env_change: bool,
+    hardware: Any,
+) -> Resumed | None:
+    """Holding the output_dir lock: check again, edit the config, mark the run restarting; a verdict when
+    another resume came first."""
+    state = read_state(run_dir)  # again, under the lock: another resume may have come first
+    verdict = _resume_verdict(run_dir, state, edits)
+    if verdict is not None:
+        return verdict
+    status = state.status
+    if not allow_env_change:
+        resumes = prog.last_complete_checkpoint(Path(output_dir))
+        refuse_resume(run_dir, env, state, resumes[1].name if resumes else None)
+    _end_orphans(run_dir, env, output_dir, state)
+    if hardware is not None:
+        _apply_replan(run_dir, preview_replan(run_dir, hardware))
+    if overrides:
+        edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
+    out = Path(state.output_dir or "")
+    last = prog.last_complete_checkpoint(out)
+    if overrides and last is not None:
+        _rewrite_checkpoint_lr(run_dir, env, out, last[1].name, overrides)
+    # A run that gave up gets a fresh budget: the user changed something, or wants another go.
+    update_state(
+        run_dir,
+        status=RunStatus.STARTING,
+        budget=state.budget.refilled(),
+        pid=None,
+        trainer_pid=None,
+        allow_env_change=allow_env_change or None,
+    )
+    append_event(run_dir, "resumed", previous=status.value, from_checkpoint=last[1].name if last else None)
+    return None
 
 
 def _end_orphans(run_dir: Path, env: Mapping[str, str], output_dir: str, state: RunState, grace: float = 30.0) -> None:
