@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ftlaunch.errors import ConfigError, HardwareError, StateError
 from ftlaunch.plan.config import (
@@ -124,38 +124,8 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     loaded = load_config(req.config, req.overrides, cwd=req.cwd, use_v1=env_wants_v1(env))
     if loaded.v1:
         return make_v1_plan(req, env, loaded, run_id)
-    values, problems, warnings = resolve_paths(
-        loaded.values, loaded.base_dir, strict=req.strict_files, what_if=what_if_reason(req)
-    )
-    # train, schedule add and estimate (strict) size a training run; plan only shows what it would be.
-    (problems if req.strict_files else warnings).extend(training_problems(values))
-    ds = None
-    if not problems:
-        try:
-            ds = load_deepspeed(values)
-        except ConfigError as exc:
-            problems += exc.problems
-    if problems:
-        raise ConfigError(problems)
-    fetched: Prefetch | None = None
-    hub_id = values.get("model_name_or_path")
-    offline = None  # the trainer's env once its files are downloaded: only --mirror downloads
-    if req.mirror:  # the hub is imported to download only: a plan without --mirror stays quick
-        from ftlaunch.hub.download import offline_env
-        from ftlaunch.hub.model import prefetch_model
-        from ftlaunch.hub.repo import is_repo_id
-
-        offline = offline_env()
-    if req.mirror and is_repo_id(hub_id, cwd=Path.cwd()):
-        fetched = prefetch_model(
-            str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=req.progress
-        )
-    datasets = run_dir = None
-    if req.mirror and req.download_weights:  # train: hub datasets too, so the offline trainer finds them
-        from ftlaunch.hub.datasets import prefetch_datasets
-
-        datasets = prefetch_datasets(values, req.mirror, env, cwd=loaded.base_dir, progress=req.progress)
-        run_dir = runs_root(env) / run_id
+    values, warnings, ds = _checked_values(req, loaded)
+    fetched, datasets, run_dir, offline = _prefetch(req, env, values, loaded, run_id)
     hw = get_hardware(req, env, disk_path=values.get("output_dir") or ".")
     model_config = req.model_config
     if fetched is not None and model_config is None and (Path(fetched.path) / "config.json").exists():
@@ -175,18 +145,8 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     key = config_key(
         loaded.values, hw.gpu_model, global_batch_for(values, hw.world_size, options, loaded.meta, ds).target
     )
-    try:
-        learned = recall(env, key) or {}
-    except StateError as exc:  # another version's or a torn learned.json: plan without it, say so
-        learned = {}
-        warnings.append(f"what worked on this card before was not used: {exc.message}")
-    if learned.get("micro_batch"):
-        options = replace(
-            options,
-            remembered_micro_batch=int(learned["micro_batch"]),
-            remembered_reason=f"micro-batch {learned['micro_batch']} worked on {hw.gpu_model} "
-            f"after an OOM ({learned.get('learned_from')})",
-        )
+    learned = _recall_learned(env, key, warnings)
+    options = _with_learned(options, learned, hw.gpu_model)
     chooser = None
     if spec is not None:
         chooser = make_memory_chooser(spec, ds, headroom=req.headroom, observed=learned.get("observed"))
@@ -202,4 +162,70 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
         datasets=datasets,
         run_dir=run_dir,
         offline_env=offline,
+    )
+
+
+def _checked_values(req: PlanRequest, loaded: LoadedConfig) -> tuple[dict[str, Any], list[str], dict[str, Any] | None]:
+    """The config with its paths resolved, its warnings and its DeepSpeed config; every problem raised at once."""
+    values, problems, warnings = resolve_paths(
+        loaded.values, loaded.base_dir, strict=req.strict_files, what_if=what_if_reason(req)
+    )
+    # train, schedule add and estimate (strict) size a training run; plan only shows what it would be.
+    (problems if req.strict_files else warnings).extend(training_problems(values))
+    ds = None
+    if not problems:
+        try:
+            ds = load_deepspeed(values)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    return values, warnings, ds
+
+
+def _prefetch(
+    req: PlanRequest, env: Mapping[str, str], values: dict[str, Any], loaded: LoadedConfig, run_id: str
+) -> tuple[Prefetch | None, Any, Path | None, Mapping[str, str] | None]:
+    """With --mirror: the model (and, to train, the hub datasets) downloaded; (model, datasets, run_dir, the
+    trainer's offline env). Without it nothing is fetched."""
+    fetched: Prefetch | None = None
+    hub_id = values.get("model_name_or_path")
+    offline = None  # the trainer's env once its files are downloaded: only --mirror downloads
+    if req.mirror:  # the hub is imported to download only: a plan without --mirror stays quick
+        from ftlaunch.hub.download import offline_env
+        from ftlaunch.hub.model import prefetch_model
+        from ftlaunch.hub.repo import is_repo_id
+
+        offline = offline_env()
+    if req.mirror and is_repo_id(hub_id, cwd=Path.cwd()):
+        fetched = prefetch_model(
+            str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=req.progress
+        )
+    datasets = run_dir = None
+    if req.mirror and req.download_weights:  # train: hub datasets too, so the offline trainer finds them
+        from ftlaunch.hub.datasets import prefetch_datasets
+
+        datasets = prefetch_datasets(values, req.mirror, env, cwd=loaded.base_dir, progress=req.progress)
+        run_dir = runs_root(env) / run_id
+    return fetched, datasets, run_dir, offline
+
+
+def _recall_learned(env: Mapping[str, str], key: str, warnings: list[str]) -> dict[str, Any]:
+    """What worked on this card before under ``key``; a torn or foreign learned.json is said, not used."""
+    try:
+        return recall(env, key) or {}
+    except StateError as exc:  # another version's or a torn learned.json: plan without it, say so
+        warnings.append(f"what worked on this card before was not used: {exc.message}")
+        return {}
+
+
+def _with_learned(options: PlanOptions, learned: Mapping[str, Any], gpu_model: str) -> PlanOptions:
+    """The plan options with the micro-batch a recovered run settled on, as the most the chooser may take."""
+    if not learned.get("micro_batch"):
+        return options
+    return replace(
+        options,
+        remembered_micro_batch=int(learned["micro_batch"]),
+        remembered_reason=f"micro-batch {learned['micro_batch']} worked on {gpu_model} "
+        f"after an OOM ({learned.get('learned_from')})",
     )
