@@ -31,9 +31,9 @@ from ftlaunch.errors import FtlaunchError
 from ftlaunch.run import progress as prog
 from ftlaunch.run.procs import start_time
 from ftlaunch.run.ray import jobs
-from ftlaunch.run.ray.record import read_record, write_record
+from ftlaunch.run.ray.record import RayRecord, Submission, read_record, write_record
 from ftlaunch.run.recovery import NO_PROGRESS_LIMIT
-from ftlaunch.run.state import RunStatus
+from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import append_event, read_events, read_state, update_state
 
 
@@ -132,21 +132,7 @@ def follow(
             # Ended as recorded (the supervisor's own end, a stop): nothing is left to submit, and a head
             # torn down right after must not keep a follower asking it for ten minutes.
             return state.status
-        try:
-            info = jobs.job(record.address, sub.id)
-        except (jobs.EngineUnreachable, jobs.JobNotFound):
-            info = None  # a head that knows no such job is a new head: the job's fate is unknown
-        out = Path(state.output_dir or ".")
-        last = prog.last_complete_checkpoint(out)
-        progressed = last is not None and last[0] > _checkpoint_step(sub.resume_from)
-        n = next_step(
-            info,
-            state.status,
-            submission_id=sub.id,
-            stop_requested=stop_was_requested(read_events(run_dir), sub.id),
-            progressed=progressed,
-            no_progress=state.no_progress_attempts,
-        )
+        n, info = _next_of(run_dir, record, sub, state)
         if n.step is Step.UNREACHABLE:
             if unreachable_since is None:
                 unreachable_since = clock()
@@ -163,29 +149,64 @@ def follow(
             sleep(poll)
             continue
         if n.status is not None:
-            ended = None if n.status is RunStatus.RECOVERING else time.time()
-            changes = {"status": n.status, "message": n.message, "ended": ended}
-            if n.no_progress is not None:
-                changes["no_progress_attempts"] = n.no_progress
-            update_state(run_dir, **changes)
-            append_event(
-                run_dir,
-                "ray_job_ended",
-                submission_id=sub.id,
-                job_status=info.status if info else None,
-                driver_exit_code=info.driver_exit_code if info else None,
-                status=n.status.value,
-                message=n.message,
-            )
+            _record_end(run_dir, sub, n, n.status, info)
         if n.step is Step.DONE:
             return read_state(run_dir).status
-        try:
-            resubmit(run_dir, env, "driver died")
-        except FtlaunchError as exc:
-            message = f"the next attempt could not be submitted: {exc.message}"
-            update_state(run_dir, status=RunStatus.FAILED, message=message, ended=time.time())
-            append_event(run_dir, "ray_resubmit_failed", message=message)
-            return RunStatus.FAILED
+        failed = _resubmit(run_dir, env, resubmit)
+        if failed is not None:
+            return failed
+
+
+def _next_of(run_dir: Path, record: RayRecord, sub: Submission, state: RunState) -> tuple[Next, jobs.JobInfo | None]:
+    """Ask the head about the current job and decide the next step: (the step, the job's info or None)."""
+    try:
+        info = jobs.job(record.address, sub.id)
+    except (jobs.EngineUnreachable, jobs.JobNotFound):
+        info = None  # a head that knows no such job is a new head: the job's fate is unknown
+    out = Path(state.output_dir or ".")
+    last = prog.last_complete_checkpoint(out)
+    progressed = last is not None and last[0] > _checkpoint_step(sub.resume_from)
+    n = next_step(
+        info,
+        state.status,
+        submission_id=sub.id,
+        stop_requested=stop_was_requested(read_events(run_dir), sub.id),
+        progressed=progressed,
+        no_progress=state.no_progress_attempts,
+    )
+    return n, info
+
+
+def _record_end(run_dir: Path, sub: Submission, n: Next, status: RunStatus, info: jobs.JobInfo | None) -> None:
+    """The attempt's end in the run's state and events."""
+    ended = None if status is RunStatus.RECOVERING else time.time()
+    changes = {"status": status, "message": n.message, "ended": ended}
+    if n.no_progress is not None:
+        changes["no_progress_attempts"] = n.no_progress
+    update_state(run_dir, **changes)
+    append_event(
+        run_dir,
+        "ray_job_ended",
+        submission_id=sub.id,
+        job_status=info.status if info else None,
+        driver_exit_code=info.driver_exit_code if info else None,
+        status=status.value,
+        message=n.message,
+    )
+
+
+def _resubmit(
+    run_dir: Path, env: Mapping[str, str], resubmit: Callable[[Path, Mapping[str, str], str], str]
+) -> RunStatus | None:
+    """Submit the next attempt; FAILED (recorded) when it cannot be submitted, else None."""
+    try:
+        resubmit(run_dir, env, "driver died")
+    except FtlaunchError as exc:
+        message = f"the next attempt could not be submitted: {exc.message}"
+        update_state(run_dir, status=RunStatus.FAILED, message=message, ended=time.time())
+        append_event(run_dir, "ray_resubmit_failed", message=message)
+        return RunStatus.FAILED
+    return None
 
 
 def register(run_dir: Path, pid: int) -> None:
