@@ -118,22 +118,7 @@ def hardware_for(nodes: Sequence[Node], gpu: str | None, source: str) -> Hardwar
     notes = [f"Ray cluster {source}: {describe(nodes)}; planned for node {node.ip}"]
     memory = node.memory_gib
     if key == "none" or (key is None and node.gpus == 0):
-        processes = max(1, count or 1)
-        cpu_node = max(nodes, key=lambda n: n.cpus)
-        if cpu_node.cpus < processes:
-            raise HardwareError(
-                f"--gpu {gpu}: {processes} trainer processes, but the largest node of the Ray cluster at {source} "
-                f"has {cpu_node.cpus:g} CPUs ({describe(nodes)})",
-                hint=f"--gpu nonex{max(1, int(cpu_node.cpus))} at most, or a node started with more --num-cpus",
-            )
-        return Hardware(
-            source=f"ray:{source}",
-            host_ram_gib=cpu_node.memory_gib,
-            host_available_gib=cpu_node.memory_gib,
-            cpu_count=max(1, math.floor(cpu_node.cpus)),
-            cpu_processes=processes,
-            notes=tuple(notes),
-        )
+        return _cpu_hardware(nodes, gpu, count, source, notes)
     if node.gpus == 0:
         raise HardwareError(
             f"--gpu {gpu}: the Ray cluster at {source} has no GPU ({describe(nodes)})",
@@ -170,6 +155,26 @@ def hardware_for(nodes: Sequence[Node], gpu: str | None, source: str) -> Hardwar
         cpu_count=max(1, math.floor(node.cpus)),
         notes=tuple(notes),
         p2p_blocked=() if card.p2p else all_pairs(wanted),
+    )
+
+
+def _cpu_hardware(nodes: Sequence[Node], gpu: str | None, count: int | None, source: str, notes: list[str]) -> Hardware:
+    """``nonexN``/``cpuxN`` (or a CPU cluster): N trainer processes on the node with the most CPUs."""
+    processes = max(1, count or 1)
+    cpu_node = max(nodes, key=lambda n: n.cpus)
+    if cpu_node.cpus < processes:
+        raise HardwareError(
+            f"--gpu {gpu}: {processes} trainer processes, but the largest node of the Ray cluster at {source} "
+            f"has {cpu_node.cpus:g} CPUs ({describe(nodes)})",
+            hint=f"--gpu nonex{max(1, int(cpu_node.cpus))} at most, or a node started with more --num-cpus",
+        )
+    return Hardware(
+        source=f"ray:{source}",
+        host_ram_gib=cpu_node.memory_gib,
+        host_available_gib=cpu_node.memory_gib,
+        cpu_count=max(1, math.floor(cpu_node.cpus)),
+        cpu_processes=processes,
+        notes=tuple(notes),
     )
 
 
