@@ -239,14 +239,7 @@ def _parse_one(item: dict, spec: dict, state: dict) -> dict:
     result = {"id": item.get("id"), "torchrun": torchrun, "assumed": []}
     if problem:
         return {**result, "verdict": "refused", "message": problem, "exception": "torchrun", "where": "launcher.py"}
-    os.environ.clear()
-    os.environ.update(state["base_env"])
-    for name in _RUNTIME_VARS:
-        os.environ.pop(name, None)
-    os.environ.update(child_env)
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # never a real GPU, whatever the plan says
-    state["dist_up"] = False
-    _install(card, state)
+    _enter(child_env, card, state)
     v1 = os.environ.get("USE_V1", "0").lower() in ("true", "y", "1")
     result["v1"] = v1
     cfg = OmegaConf.to_container(OmegaConf.create(item["yaml"] or "{}"))
@@ -258,44 +251,7 @@ def _parse_one(item: dict, spec: dict, state: dict) -> dict:
     try:
         if v1:
             return {**result, **_parse_v1(cfg)}
-        from accelerate.state import AcceleratorState
-        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-        unset_hf_deepspeed_config()
-        AcceleratorState._reset_state(reset_partial_state=True)
-        from llamafactory.hparams import get_train_args
-
-        if spec.get("assume_packages"):
-            _assume_installed(result["assumed"])
-            if state.get("stub_deepspeed") and cfg.get("deepspeed"):
-                result["assumed"].append("deepspeed")
-        model_args, data_args, training_args, finetuning_args, _ = get_train_args(cfg)
-        ds = getattr(training_args, "hf_deepspeed_config", None)
-        if ds is not None and ds.mismatches:
-            # What transformers raises at trainer_config_finalize (Trainer start); these mismatches
-            # are known already from TrainingArguments (fp16/bf16, batch sizes, lr, ...).
-            mismatches = "\n".join(ds.mismatches)
-            exc = ValueError(
-                "Please correct the following DeepSpeed config values that mismatch TrainingArguments"
-                f" values:\n{mismatches}\nThe easiest method is to set these DeepSpeed config values to 'auto'."
-            )
-            exc.ftlaunch_where = "transformers/integrations/deepspeed.py (trainer_config_finalize, at Trainer start)"
-            raise exc
-        world = int(training_args.world_size)
-        micro = int(training_args.per_device_train_batch_size)
-        accum = int(training_args.gradient_accumulation_steps)
-        return {
-            **result,
-            "verdict": "ok",
-            "message": None,
-            "world_size": world,
-            "micro_batch": micro,
-            "accumulation": accum,
-            "global_batch": world * micro * accum,
-            "parallel_mode": str(training_args.parallel_mode.value),
-            "zero_stage": ds.get_value("zero_optimization.stage") if ds is not None else None,
-            "compute_dtype": str(model_args.compute_dtype).removeprefix("torch.") if model_args.compute_dtype else None,
-        }
+        return {**result, **_parse_train_args(cfg, spec, state, result["assumed"])}
     except _REFUSALS as exc:
         where = getattr(exc, "ftlaunch_where", None) or _where(exc)
         return {**result, "verdict": "refused", "message": str(exc), "exception": type(exc).__name__, "where": where}
@@ -307,6 +263,60 @@ def _parse_one(item: dict, spec: dict, state: dict) -> dict:
             "exception": type(exc).__name__,
             "where": _where(exc),
         }
+
+
+def _enter(child_env: dict, card: _Card, state: dict) -> None:
+    """This process becomes the item's trainer: its environment (no real GPU) and its card installed."""
+    os.environ.clear()
+    os.environ.update(state["base_env"])
+    for name in _RUNTIME_VARS:
+        os.environ.pop(name, None)
+    os.environ.update(child_env)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # never a real GPU, whatever the plan says
+    state["dist_up"] = False
+    _install(card, state)
+
+
+def _parse_train_args(cfg: dict, spec: dict, state: dict, assumed: list) -> dict:
+    """llamafactory's own parse of a (v0) config: the verdict "ok" with the sizes it settled on; it raises
+    what the trainer would raise. ``assumed`` gets the packages taken as installed."""
+    from accelerate.state import AcceleratorState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    from llamafactory.hparams import get_train_args
+
+    if spec.get("assume_packages"):
+        _assume_installed(assumed)
+        if state.get("stub_deepspeed") and cfg.get("deepspeed"):
+            assumed.append("deepspeed")
+    model_args, data_args, training_args, finetuning_args, _ = get_train_args(cfg)
+    ds = getattr(training_args, "hf_deepspeed_config", None)
+    if ds is not None and ds.mismatches:
+        # What transformers raises at trainer_config_finalize (Trainer start); these mismatches
+        # are known already from TrainingArguments (fp16/bf16, batch sizes, lr, ...).
+        mismatches = "\n".join(ds.mismatches)
+        exc = ValueError(
+            "Please correct the following DeepSpeed config values that mismatch TrainingArguments"
+            f" values:\n{mismatches}\nThe easiest method is to set these DeepSpeed config values to 'auto'."
+        )
+        exc.ftlaunch_where = "transformers/integrations/deepspeed.py (trainer_config_finalize, at Trainer start)"
+        raise exc
+    world = int(training_args.world_size)
+    micro = int(training_args.per_device_train_batch_size)
+    accum = int(training_args.gradient_accumulation_steps)
+    return {
+        "verdict": "ok",
+        "message": None,
+        "world_size": world,
+        "micro_batch": micro,
+        "accumulation": accum,
+        "global_batch": world * micro * accum,
+        "parallel_mode": str(training_args.parallel_mode.value),
+        "zero_stage": ds.get_value("zero_optimization.stage") if ds is not None else None,
+        "compute_dtype": str(model_args.compute_dtype).removeprefix("torch.") if model_args.compute_dtype else None,
+    }
 
 
 def _parse_v1(cfg: dict) -> dict:
