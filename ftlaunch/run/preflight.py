@@ -338,19 +338,10 @@ def preflight(
     penv = parse_env(env, p.env)
     card = card_of(p.hardware)
     _, secrets = split_secrets(p.config)
-    masked = text
-    for value in secrets.values():
-        if len(str(value)) >= 4:
-            masked = masked.replace(str(value), "***")
-    key = cache_key(masked, penv, card, trainer_fingerprint(py), assume)
+    key = cache_key(_masked(text, secrets), penv, card, trainer_fingerprint(py), assume)
     cache = home(env) / "cache" / "preflight" / f"{key}.json"
     if use_cache and cache.is_file():
-        try:
-            data = json.loads(cache.read_text())
-            fields = {**data["verdict"], "assumed": tuple(data["verdict"].get("assumed") or ())}
-            v = Verdict(**{**fields, "cached": True, "seconds": 0.0})
-        except (OSError, ValueError, TypeError, KeyError):
-            v = None  # a torn or foreign cache file: check again
+        v = _read_cached(cache)
         if v is not None:
             if not v.status == "refused":
                 say(v.line())
@@ -364,21 +355,50 @@ def preflight(
         v = Verdict("skipped", exc.message)
         say(v.line())
         return v
-    v = verdict_of(out["results"][0], out.get("llamafactory"), seconds)
+    v = _redacted(verdict_of(out["results"][0], out.get("llamafactory"), seconds), secrets, env)
+    if v.status in ("ok", "refused") and use_cache:
+        _write_cached(cache, v, say)
+    if v.status != "refused":  # a refusal is said by the error that carries it
+        say(v.line())
+    return v
+
+
+def _masked(text: str, secrets: Mapping[str, Any]) -> str:
+    """The config text with its secret values (4 characters or more) as ***: what the cache key hashes."""
+    masked = text
+    for value in secrets.values():
+        if len(str(value)) >= 4:
+            masked = masked.replace(str(value), "***")
+    return masked
+
+
+def _redacted(v: Verdict, secrets: Mapping[str, Any], env: Mapping[str, str]) -> Verdict:
+    """The verdict with the config's secrets and the secret environment variables out of its message."""
     if v.message and secrets:
         v = Verdict(**{**v.__dict__, "message": redact(v.message, {}, [str(s) for s in secrets.values()])})
     if v.message:
         v = Verdict(**{**v.__dict__, "message": redact(v.message, {k: env.get(k, "") for k in SECRET_ENV})})
-    if v.status in ("ok", "refused") and use_cache:
-        try:
-            keep = ("status", "message", "llamafactory", "where", "exception", "assumed")
-            fields = {k: getattr(v, k) for k in keep}
-            write_json_atomic(cache, {"version": 1, "created": now_iso(), "verdict": fields})
-        except OSError as exc:
-            say(f"preflight: the verdict could not be cached ({exc})")
-    if v.status != "refused":  # a refusal is said by the error that carries it
-        say(v.line())
     return v
+
+
+def _read_cached(cache: Path) -> Verdict | None:
+    """A cached verdict; None for a torn or foreign cache file (check again)."""
+    try:
+        data = json.loads(cache.read_text())
+        fields = {**data["verdict"], "assumed": tuple(data["verdict"].get("assumed") or ())}
+        return Verdict(**{**fields, "cached": True, "seconds": 0.0})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # a torn or foreign cache file: check again
+
+
+def _write_cached(cache: Path, v: Verdict, say: Callable[[str], None]) -> None:
+    """Keep the verdict for the same config, env, card and trainer; a failed write is said, not raised."""
+    try:
+        keep = ("status", "message", "llamafactory", "where", "exception", "assumed")
+        fields = {k: getattr(v, k) for k in keep}
+        write_json_atomic(cache, {"version": 1, "created": now_iso(), "verdict": fields})
+    except OSError as exc:
+        say(f"preflight: the verdict could not be cached ({exc})")
 
 
 def require(v: Verdict) -> None:
