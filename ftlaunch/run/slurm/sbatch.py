@@ -94,6 +94,14 @@ def render_job(
         raise ConfigError("--nodes must be 1 or more and the GPUs per node 0 (CPU nodes) or more")
     if req.master_addr is not None and not re.fullmatch(r"[\w.:-]+", req.master_addr):
         raise ConfigError(f"--master-addr {req.master_addr!r} is not a host name or address")
+    script = _batch_script(run_dir, run_id, name, req, python, carry_env)
+    return JobFiles("\n".join(script), "\n".join(_wrapper_script(req, python, trainer)))
+
+
+def _batch_script(
+    run_dir: Path, run_id: str, name: str, req: SlurmRequest, python: str, carry_env: Mapping[str, str]
+) -> list[str]:
+    """The batch script's lines: the #SBATCH header, then the batch step that runs the supervisor."""
     q = shlex.quote
     lines = [
         "#!/bin/bash",
@@ -111,7 +119,8 @@ def render_job(
             lines.append(f"#SBATCH --{opt}={value}")
     lines += [_sbatch_line(a) for a in req.sbatch_args]
     port = str(req.master_port) if req.master_port else "$((29500 + SLURM_JOB_ID % 500))"
-    lines += [
+    return [
+        *lines,
         "",
         f"# Written by ftlaunch for run {run_id}. Requeued jobs run this again: the supervisor resumes",
         "# from the last complete checkpoint. The run directory must be on a filesystem every node sees.",
@@ -124,6 +133,11 @@ def render_job(
         f"exec {q(python)} -m ftlaunch.run.slurm.job {q(str(run_dir))}",
         "",
     ]
+
+
+def _wrapper_script(req: SlurmRequest, python: str, trainer: Sequence[str]) -> list[str]:
+    """The trainer wrapper's lines: one srun step that starts the trainer on every node."""
+    q = shlex.quote
     step = f"srun --nodes={req.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
     check = []
     if req.nodes > 1 and req.rendezvous_timeout > 0:
@@ -139,7 +153,7 @@ def render_job(
             "# cannot restore without the deserializer that cpu_site/sitecustomize.py registers.",
             f'export PYTHONPATH={q(str(CPU_SITE))}"${{PYTHONPATH:+:$PYTHONPATH}}"',
         ]
-    wrapper = [
+    return [
         "#!/bin/bash",
         "# One srun step: llamafactory-cli on every node; torchrun inside it spreads over the node's GPUs.",
         "# The supervisor sets the plan's environment; the per-node figures are set here.",
@@ -153,7 +167,6 @@ def render_job(
         f'  bash -c \'export NODE_RANK="$SLURM_NODEID"; exec "$@"\' trainer {" ".join(q(t) for t in trainer)} "$@"',
         "",
     ]
-    return JobFiles("\n".join(lines), "\n".join(wrapper))
 
 
 def parse_sbatch(stdout: str) -> str:
