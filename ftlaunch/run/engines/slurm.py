@@ -134,8 +134,6 @@ class Slurm:
         job.sbatch is submitted again (same run directory; the job resumes from the last complete
         checkpoint). A job Slurm cannot answer for may be alive: refused, nothing submitted. Inside
         the run's own job (the batch step's `resume --foreground`): None, restart here."""
-        from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock
-
         if not state.slurm_job_id or env.get("SLURM_JOB_ID") == state.slurm_job_id:
             return None
         job = str(state.slurm_job_id)
@@ -155,13 +153,7 @@ class Slurm:
             return Resumed(ResumeOutcome.IN_SLURM, job=job, slurm_state=info.state)
         if state.status is RunStatus.SUCCEEDED:
             return Resumed(ResumeOutcome.FINISHED, exit_code=0)
-        # No run of this machine may hold the output_dir now; the job's supervisor takes the lock itself.
-        try:
-            acquire_output_lock(env, state.output_dir or "", run_dir.name).close()
-        except OutputDirBusy as exc:
-            if exc.holder != run_dir.name:
-                raise
-            raise BusyError(f"run {run_dir.name} is being started by another process right now") from None
+        _output_dir_free(run_dir, state, env)
         edit()
         last = prog.last_complete_checkpoint(Path(state.output_dir or ""))
         new_job = slurm.submit(RunFolder(run_dir).job_script, {**env, **({} if cwd is None else {"PWD": str(cwd)})})
@@ -184,6 +176,18 @@ class Slurm:
             slurm_state=info.state, from_checkpoint=last[1].name if last else None,
         )  # fmt: skip
         return Resumed(ResumeOutcome.RESUBMITTED, job=new_job)
+
+
+def _output_dir_free(run_dir: Path, state: RunState, env: Mapping[str, str]) -> None:
+    """No run of this machine may hold the output_dir now; the job's supervisor takes the lock itself."""
+    from ftlaunch.run.outdir import OutputDirBusy, acquire_output_lock
+
+    try:
+        acquire_output_lock(env, state.output_dir or "", run_dir.name).close()
+    except OutputDirBusy as exc:
+        if exc.holder != run_dir.name:
+            raise
+        raise BusyError(f"run {run_dir.name} is being started by another process right now") from None
 
 
 def _status_now(run_dir: Path) -> RunStatus:
