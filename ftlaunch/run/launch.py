@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ftlaunch.files import now_iso
 from ftlaunch.locks import set_owner
@@ -64,9 +64,35 @@ def create_run(
     source = redact_secret_text(loaded.source_path.read_bytes().decode(errors="replace"), source_secrets)
     plan_dict = p.to_dict()
     plan_dict["env"] = public_env(p.env)
+    state = _initial_state(loaded, p, root, run_id, settings, facts, trainer_env, secrets)
+    new = NewRun(
+        source=source,
+        config=dump_yaml(p.config, p.header),
+        plan_text=plan_text(p),
+        plan=plan_dict,
+        hardware=p.hardware.to_dict(),
+        state=state,
+        secrets=secrets,
+        files=p.files,  # the plan's files for the run folder (pre-downloaded hub datasets' dataset_info.json)
+    )
+    run_dir = create_folder(root, run_id, new)
+    append_event(run_dir, "created", name=state.name, changes=len(p.changes))
+    return run_dir
+
+
+def _initial_state(
+    loaded: LoadedConfig,
+    p: Plan,
+    root: Path,
+    run_id: str,
+    s: SupervisorSettings,
+    facts: StartFacts,
+    trainer_env: Mapping[str, str] | None,
+    secrets: Mapping[str, Any],
+) -> RunState:
+    """The new run's state.json: the plan's figures, the supervisor's settings and the start's facts."""
     output_dir = str(p.config.get("output_dir", ""))
-    s = settings
-    state = RunState(
+    return RunState(
         id=run_id,
         name=s.name or Path(output_dir).name or run_id,
         status=RunStatus.STARTING,
@@ -92,19 +118,6 @@ def create_run(
         predicted_peak_gib=p.memory.peak_gib if p.memory and p.hardware.gpus else None,
         **facts.known(),  # what `train` found in the output_dir, the disk forecast, the schedule
     )
-    new = NewRun(
-        source=source,
-        config=dump_yaml(p.config, p.header),
-        plan_text=plan_text(p),
-        plan=plan_dict,
-        hardware=p.hardware.to_dict(),
-        state=state,
-        secrets=secrets,
-        files=p.files,  # the plan's files for the run folder (pre-downloaded hub datasets' dataset_info.json)
-    )
-    run_dir = create_folder(root, run_id, new)
-    append_event(run_dir, "created", name=state.name, changes=len(p.changes))
-    return run_dir
 
 
 def new_run(
