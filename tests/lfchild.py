@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +63,12 @@ class LlamaFactoryChild:
     def __init__(self, env: dict[str, str], workdir: Path) -> None:
         self._dir = workdir
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            [sys.executable, "-c", SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,  # its own process group, its forks in it: a timeout ends them all
         )
         ready = self._proc.stdout.readline()
         if not ready:
@@ -69,13 +76,24 @@ class LlamaFactoryChild:
         self._n = 0
 
     def run(
-        self, argv: list[str], *, env: dict[str, str], cwd: str | Path | None = None, check: bool = False
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str | Path | None = None,
+        check: bool = False,
+        timeout: float = 300,
     ) -> subprocess.CompletedProcess:
         self._n += 1
         out, err = self._dir / f"{self._n}.out", self._dir / f"{self._n}.err"
         req = {"argv": argv, "env": env, "cwd": str(cwd or os.getcwd()), "stdout": str(out), "stderr": str(err)}
         self._proc.stdin.write(json.dumps(req) + "\n")
         self._proc.stdin.flush()
+        # one reply line per request, so nothing is left in the reader's buffer for select to miss
+        if not select.select([self._proc.stdout], [], [], timeout)[0]:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+            raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
         line = self._proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the llamafactory child server died (exit {self._proc.wait()})")
