@@ -5,7 +5,9 @@
 - kill -9 of the job's driver mid-run: the follower submits the next attempt under a new submission
   id, it resumes from the last complete checkpoint, and every step after it is trained once;
 - `stop`: stopped, never retried;
-- a config of LLaMA-Factory's own Ray mode (ray_num_workers) is refused in under 5 s, with the reason.
+- a config of LLaMA-Factory's own Ray mode (ray_num_workers) is refused in under 5 s, with the reason;
+- the OOM ladder, the stall watchdog and the disk guard run beside the trainer inside the job (a
+  2-process job on a real tmpfs that holds 2 checkpoints ends disk_full, never resubmitted).
 """
 
 from __future__ import annotations
@@ -20,15 +22,19 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch.errors import ConfigError
+from ftlaunch.errors import ConfigError, ExitCode
+from ftlaunch.plan.disk import DiskForecast
 from ftlaunch.run import engines
+from ftlaunch.run.disk import tree_bytes
 from ftlaunch.run.launch import start_run
 from ftlaunch.run.options import RunOptions
+from ftlaunch.run.progress import checkpoint_problems
 from ftlaunch.run.ray import jobs
 from ftlaunch.run.ray.record import read_record
 
 from ..conftest import ROOT, child_env, tiny_config, venv_bin, write_yaml
 from ..helpers import said, wait_for
+from ..run.test_e2e_disk import TOLERANCE, Measured, tmpfs
 from .conftest import RAY_MISSING, start_head
 
 pytestmark = pytest.mark.ray
@@ -253,3 +259,61 @@ def test_the_stall_watchdog_runs_beside_the_trainer_inside_the_job(ray_head, tin
     assert len(read_record(run_dir).submissions) == 1  # restarted by the supervisor on the cluster
     assert set(steps(out)) == set(range(1, 25))
     print(f"SIGSTOP -> stalled event {latency:.1f} s (stall timeout 20 s)")
+
+
+# The disk test's job: 2 CPU processes, saves at 6, 12, 18 and 24.
+DISK_JOB = {"save_steps": 6, "max_steps": 24}
+
+
+@pytest.fixture(scope="module")
+def ray_measured(ray_head, tiny, tmp_path_factory) -> Measured:
+    """The disk test's own job measured on the head (2 processes: a checkpoint holds one rng state per
+    rank), never the local engine's 1-process figures: its forecast (state.json "disk") against its
+    real largest checkpoint."""
+    base = tmp_path_factory.mktemp("ray-measured")
+    out = base / "out"
+    started, _env, _took = launch(ray_head, write_yaml(base / "c.yaml", tiny_config(tiny, out, **DISK_JOB)), "nonex2")
+    run_dir = Path(started["run_dir"])
+    done = wait_status(run_dir, {"succeeded", "failed", "lost", "stopped", "no_progress", "disk_full"}, timeout=400)
+    assert done["status"] == "succeeded", (done, (run_dir / "train.log").read_text()[-3000:])
+    checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert [p.name for p in checkpoints] == [f"checkpoint-{s}" for s in (6, 12, 18, 24)]
+    assert {p.name for p in checkpoints[-1].glob("rng_state*")} == {"rng_state_0.pth", "rng_state_1.pth"}
+    fc = DiskForecast.from_dict(done["disk"])
+    real = tree_bytes(checkpoints[-1])
+    print(f"2-process checkpoint: predicted {fc.checkpoint_bytes:,} B, real {real:,} B")
+    assert abs(fc.checkpoint_bytes - real) <= TOLERANCE * real
+    return Measured(out, fc, checkpoints)
+
+
+def test_the_disk_guard_runs_beside_the_trainer_inside_the_job(ray_head, ray_measured, tiny, tmp_path):
+    """A 2-process job whose output_dir is a real tmpfs sized for 2 checkpoints: the supervisor (the
+    job's driver) saves exactly those, stops before the next save writes a partial one, records
+    disk_full and exits 17; the follower sees the recorded end and submits nothing again."""
+    fits, fill_step = 2, 18
+    with tmpfs(tmp_path / "small", ray_measured.tmpfs_k_for(fits)) as mnt:
+        out = mnt / "out"
+        cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, out, **DISK_JOB))
+        started, _env, _took = launch(ray_head, cfg, "nonex2", PYTHONPATH=INJECT, FTLAUNCH_TEST_STEP_SLEEP="0.1")
+        run_dir = Path(started["run_dir"])
+        record = read_record(run_dir)
+        done = wait_status(run_dir, {"succeeded", "failed", "lost", "stopped", "no_progress", "disk_full"}, 400)
+        assert done["status"] == "disk_full" and done["attempt"] == 1, (
+            done,
+            (run_dir / "train.log").read_text()[-3000:],
+        )
+        verdict = done["disk"]["verdict"]
+        assert verdict["fits"] == fits and verdict["fill_step"] == fill_step, done["disk"]
+        msg = " ".join(done["message"].split())
+        assert f"step {fill_step}" in msg and str(mnt) in msg and "one checkpoint takes" in msg, msg
+        # the supervisor exits as on the local engine (17); the job's end follows it
+        assert wait_for(lambda: jobs.job(record.address, record.current.id).terminal, "the job's end")
+        job = jobs.job(record.address, record.current.id)
+        assert job.status == "FAILED" and job.driver_exit_code == ExitCode.DISK_FULL, job
+        wait_for(lambda: follower_gone(run_dir), "the follower's exit", timeout=60)
+        assert len(read_record(run_dir).submissions) == 1 and state(run_dir)["status"] == "disk_full"
+        assert (run_dir / "follower.log").read_text().strip().endswith("disk_full")
+        names = sorted((p.name for p in out.iterdir() if "checkpoint" in p.name), key=lambda n: int(n.split("-")[-1]))
+        # the complete ones kept, exactly as many as forecast; no partial, nothing set aside
+        assert names == [f"checkpoint-{6 * k}" for k in range(1, fits + 1)], names
+        assert all(checkpoint_problems(out / n) == [] for n in names)
