@@ -92,6 +92,14 @@ def release(job: str) -> None:
     while slurm("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() != "PENDING":
         assert time.monotonic() < deadline, "the requeued job never went back to PENDING"
         time.sleep(0.3)
+    # Slurm revokes the killed instance's credential with a one-second stamp: a requeued job made to
+    # start within that second is killed as "Job credential revoked" (seen in CI's slurmctld.log).
+    # Slurm's own ~120 s BeginTime never meets it; a test that skips the wait must let it pass.
+    deadline = time.monotonic() + 60
+    while any(s.strip() not in ("idle", "") for s in slurm("sinfo", "-h", "-N", "-o", "%T").stdout.splitlines()):
+        assert time.monotonic() < deadline, "the requeued job's nodes never went idle"
+        time.sleep(0.3)
+    time.sleep(2.0)
     r = slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
     assert r.returncode == 0, r.stderr
 
