@@ -96,7 +96,7 @@ def release(job: str) -> None:
     # start within that second is killed as "Job credential revoked" (seen in CI's slurmctld.log).
     # Slurm's own ~120 s BeginTime never meets it; a test that skips the wait must let it pass.
     deadline = time.monotonic() + 60
-    while any(s.strip() not in ("idle", "") for s in slurm("sinfo", "-h", "-N", "-o", "%T").stdout.splitlines()):
+    while any(not s.strip().startswith("idle") for s in slurm("sinfo", "-h", "-N", "-o", "%T").stdout.splitlines()):
         assert time.monotonic() < deadline, "the requeued job's nodes never went idle"
         time.sleep(0.3)
     time.sleep(2.0)
