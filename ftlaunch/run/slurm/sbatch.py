@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ftlaunch.errors import ConfigError, FtlaunchError, TrainerError
 from ftlaunch.run.store import RunFolder
+from ftlaunch.run.trainer import CPU_SITE as TRAINER_CPU_SITE
 
 # Slurm job states (squeue %T / sacct State) and what ftlaunch shows for a job whose supervisor is
 # not (yet, or any more) alive.
@@ -38,9 +39,9 @@ ACTIVE_STATES = QUEUED_STATES | {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALIN
 # Filesystems that other nodes never see: the run directory must be shared with every node.
 LOCAL_FS = {"tmpfs", "ramfs", "devtmpfs", "overlay"}
 # torch.load(map_location=torch.device("cpu", 0)) cannot restore "cpu:0" storages; transformers
-# passes args.device (cpu:0 under gloo) when it resumes a multi-process CPU run. This folder's
-# sitecustomize.py registers a deserializer for "cpu:N" (docs/slurm.md, "CPU nodes").
-CPU_SITE = Path(__file__).resolve().parent / "cpu_site"
+# passes args.device (cpu:0 under gloo) when it resumes a multi-process CPU run. The local trainer's
+# cpu_site (run/trainer.py) registers a deserializer for "cpu:N" (docs/slurm.md, "CPU nodes").
+CPU_SITE = TRAINER_CPU_SITE
 RENDEZVOUS_TIMEOUT_S = 300
 
 
