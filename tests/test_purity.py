@@ -41,6 +41,7 @@ RUN = PLAN.parent / "run"
 # run/'s decisions over data: module (relative to ftlaunch/run) -> what it decides.
 RUN_PURE = {
     "state.py": "a run's values: RunState, RunStatus with its exit codes, FailureKind, the retry Budget",
+    "policy.py": "the RecoveryPolicy (budgets' maxima, recover, on_diverge, stall timeout), its options, the Budget",
     "recovery.py": "classifying a trainer's exit (OOM, crash, config error, ...) and deciding what to do next",
     "stall.py": "the stall watchdog: what counts as progress, which allowance is in force, when it stalled",
     "health.py": "numeric health: a verdict folded over trainer records, the remedy ladder, roll back or stop",
