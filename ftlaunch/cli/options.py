@@ -2,10 +2,11 @@
 
 - `target_options`: what to plan for (hardware, batch, memory policy): plan, train, estimate, schedule add.
 - `plan_options`: those plus --mirror and --host-ram: plan, train, schedule add.
-- `run_options`: those plus how the supervisor behaves (--name, retries, --no-recover): every command
-  that starts a run (`train`, `schedule add`). Their values become one `RunOptions`
-  (ftlaunch/run/options.py). An option that only makes sense for one output_dir or one terminal
-  (--fresh, --follow, --foreground) goes on `train` itself.
+- `run_options`: those plus how the supervisor behaves (--name, and the recovery policy's options, one
+  per row of ftlaunch.run.policy.OPTIONS): every command that starts a run (`train`, `schedule add`).
+  Their values become one `RunOptions` (ftlaunch/run/options.py) holding one `RecoveryPolicy`. An
+  option that only makes sense for one output_dir or one terminal (--fresh, --follow, --foreground)
+  goes on `train` itself.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from typing import Any
 import click
 
 from ftlaunch.plan.hardware import MAX_CATALOG_GPUS, check_typed_machine
+from ftlaunch.run.policy import OPTIONS, Kind, Option
 
 # Bounds on the numbers a user types (issue 31): what exists, or what a run can use. The GPU counts
 # (--gpu CARDxN, --nodes, --source-gpus) are ftlaunch.plan.hardware's MAX_GPUS_PER_NODE / MAX_NODES.
 MAX_GLOBAL_BATCH = 1 << 20  # samples per optimizer step; the planner lists its divisors
 MAX_HOST_RAM_GIB = 65536.0  # 64 TiB, above the largest single machines
-MAX_STALL_TIMEOUT_S = 7 * 24 * 3600.0  # a week without progress is a stall by any measure
-MAX_RETRIES = 1000  # a retry budget beyond this is no budget
+# The recovery policy's bounds (MAX_RETRIES, MAX_STALL_TIMEOUT_S) are on its option rows (ftlaunch.run.policy).
 
 
 class FiniteFloat(click.FloatRange):
@@ -138,13 +139,6 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _on_diverge(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
-    """--on-diverge parsed here, at the edge: the run's options carry the enum."""
-    from ftlaunch.run.health import OnDiverge
-
-    return None if value is None else OnDiverge(value)
-
-
 def notify_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--notify URL (repeatable), --notify-cmd CMD, --notify-on EVENTS: the supervisor's notifications
     (ftlaunch.run.notify); the destinations are kept in the run's secrets.json only."""
@@ -173,48 +167,33 @@ def notify_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The plan options, plus the supervisor's: --name, --max-retries, --max-crash-retries, --no-recover,
-    --on-diverge, --stall-timeout, --max-stall-restarts."""
+    """The plan options, plus the supervisor's: --name and the recovery policy's (`recovery_options`)."""
     f = plan_options(f)
     f = click.option("--name", "run_name", help="A name for the run (default: the output_dir's last part).")(f)
-    f = click.option(
-        "--max-retries",
-        type=click.IntRange(min=0, max=MAX_RETRIES),
-        default=4,
-        show_default=True,
-        help="OOM recovery steps without progress before giving up.",
-    )(f)
-    f = click.option(
-        "--max-crash-retries",
-        type=click.IntRange(min=0, max=MAX_RETRIES),
-        default=2,
-        show_default=True,
-        help="Retries after a crash that is not an OOM or a config error.",
-    )(f)
-    f = click.option("--no-recover", is_flag=True, default=None, help="Never retry: a failure ends the run.")(f)
-    f = click.option(
-        "--on-diverge",
-        type=click.Choice(["rollback", "rollback-or-restart", "stop", "ignore"]),
-        default="rollback",
-        show_default=True,
-        callback=_on_diverge,
-        help="When the loss goes non-finite, spikes or goes dead: roll back to the last clean checkpoint with "
-        "a lower learning rate (at most 2 times; none left: the run ends diverged), the same but restart from "
-        "the base model when none is left, stop, or only record it (docs/health.md).",
-    )(f)
-    f = click.option(
-        "--stall-timeout",
-        type=FiniteFloat(min=1, max=MAX_STALL_TIMEOUT_S),
-        default=None,
-        help="Seconds without progress (a new step or a growing checkpoint) after which the trainer is "
-        "stalled: stacks dumped, restarted from the last checkpoint. Default: max(600, 5x the longest "
-        "step interval seen), longer before the first step and while saving or evaluating.",
-    )(f)
-    f = click.option(
-        "--max-stall-restarts",
-        type=click.IntRange(min=0, max=MAX_RETRIES),
-        default=2,
-        show_default=True,
-        help="Restarts after a stall before the run ends `stalled`.",
-    )(f)
+    return recovery_options(f)
+
+
+def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """One click option per row of the recovery policy's table (ftlaunch.run.policy.OPTIONS): --max-retries,
+    --max-crash-retries, --no-recover, --on-diverge, --stall-timeout, --max-stall-restarts."""
+    for row in OPTIONS:
+        f = click.option(row.flag, row.dest, help=row.help, **_typed(row))(f)
     return f
+
+
+def _typed(row: Option) -> dict[str, Any]:
+    """The click keywords of an option row's kind: its type, bounds and default."""
+    if row.kind is Kind.OFF:
+        return {"is_flag": True, "default": None}
+    if row.kind is Kind.SECONDS:
+        return {"type": FiniteFloat(min=row.low, max=row.high), "default": row.default}
+    if row.kind is Kind.CHOICE and row.choices is not None:
+        choices = row.choices
+        return {
+            "type": click.Choice([m.value for m in choices]),
+            "default": row.default.value,
+            "show_default": True,
+            # parsed here, at the edge: the run's options carry the enum
+            "callback": lambda _ctx, _param, value: None if value is None else choices(value),
+        }
+    return {"type": click.IntRange(min=int(row.low), max=int(row.high)), "default": row.default, "show_default": True}

@@ -6,56 +6,55 @@ run settings from one `RunOptions` value, so an option added here reaches both.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ftlaunch.run.health import OnDiverge
+from ftlaunch.run.policy import RecoveryPolicy
 from ftlaunch.run.prepare import PlanRequest, PlanSettings
 
 
 @dataclass(frozen=True)
 class SupervisorSettings:
     """How the supervisor keeps one run going, built once from RunOptions and passed whole to
-    `create_run` (recorded in the run's state)."""
+    `create_run`, which records it in the run's state (``RecoveryPolicy.state_fields``)."""
 
     name: str | None = None
-    recover: bool = True
-    max_retries: int = 4
-    max_crash_retries: int = 2
-    on_diverge: OnDiverge = OnDiverge.ROLLBACK  # numeric health (ftlaunch.run.health)
-    stall_timeout: float | None = None  # the stall watchdog (ftlaunch.run.stall); None: derived
-    max_stall_restarts: int = 2
+    policy: RecoveryPolicy = RecoveryPolicy()
 
 
 @dataclass(frozen=True)
 class RunOptions(PlanSettings):
-    """What to plan for (PlanSettings: hardware, batch, memory policy, hub) and how the supervisor behaves."""
+    """What to plan for (PlanSettings: hardware, batch, memory policy, hub) and how the supervisor behaves
+    (the run's name and its RecoveryPolicy, whose options come from ftlaunch.run.policy.OPTIONS).
+
+    Stored (a schedule record) flat, as `train` takes them: the policy as its options' keywords
+    (``max_retries``, ``no_recover``, ...), so a record written before the policy was one value reads."""
 
     run_name: str | None = None
-    max_retries: int = 4
-    max_crash_retries: int = 2
-    no_recover: bool = False
-    on_diverge: OnDiverge = OnDiverge.ROLLBACK  # numeric health (run.health): parsed where it comes in
-    stall_timeout: float | None = None  # the stall watchdog (ftlaunch.run.stall); None: derived
-    max_stall_restarts: int = 2
+    policy: RecoveryPolicy = RecoveryPolicy()
+
+    @classmethod
+    def keys(cls) -> frozenset[str]:
+        """The keys of a stored record (``to_dict``)."""
+        return frozenset(f.name for f in fields(cls) if f.name != "policy") | RecoveryPolicy.dests()
 
     @classmethod
     def from_kwargs(cls, kw: dict[str, Any]) -> RunOptions:
         """Take the known keys out of a click kwargs dict (the rest stays in it)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: kw.pop(k) for k in list(kw) if k in known and kw[k] is not None})
+        return cls.from_dict({k: kw.pop(k) for k in list(kw) if k in cls.keys() and kw[k] is not None})
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunOptions:
-        known = {f.name for f in fields(cls)}
+    def from_dict(cls, d: Mapping[str, Any]) -> RunOptions:
+        """A stored record (or click's keywords): the policy's keys make its policy; absent or None: the default."""
+        known = {f.name for f in fields(cls)} - {"policy"}
         values = {k: v for k, v in d.items() if k in known and v is not None}
-        if "on_diverge" in values:  # a stored record holds the word
-            values["on_diverge"] = OnDiverge(values["on_diverge"])
-        return cls(**values)
+        return cls(**values, policy=RecoveryPolicy.from_options(d))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "policy"}
+        return {**out, **self.policy.to_options()}
 
     def absolute(self, cwd: str | Path) -> RunOptions:
         """File options made absolute, for a record replayed later from another directory (cron)."""
@@ -87,13 +86,5 @@ class RunOptions(PlanSettings):
         )
 
     def supervisor_settings(self) -> SupervisorSettings:
-        """What `create_run` records of how the supervisor behaves (name, recovery budget)."""
-        return SupervisorSettings(
-            name=self.run_name,
-            recover=not self.no_recover,
-            max_retries=self.max_retries,
-            max_crash_retries=self.max_crash_retries,
-            on_diverge=self.on_diverge,
-            stall_timeout=self.stall_timeout,
-            max_stall_restarts=self.max_stall_restarts,
-        )
+        """What `create_run` records of how the supervisor behaves (name, recovery policy)."""
+        return SupervisorSettings(name=self.run_name, policy=self.policy)

@@ -17,7 +17,8 @@ from typing import Any
 from ftlaunch.plan.batch import divisors_desc
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.offload import ZERO3_OFFLOAD
-from ftlaunch.run.state import Budget, FailureKind, RunStatus
+from ftlaunch.run.policy import Budget
+from ftlaunch.run.state import FailureKind, RunStatus
 
 # The restart brake (issue 20; NVIDIA's launcher stops after 3 restart cycles whose checkpoint did not
 # advance): attempts in a row that end in a failure retried with the same config (POLICIES' braked
@@ -382,9 +383,10 @@ class Retry(StrEnum):
 class Policy:
     """One row of the policy table: what a failure class does next.
 
-    ``budget`` names Budget's ``{budget}_max``/``{budget}_used`` (the OOM budget counts the distinct
-    configs in ``tried``); ``refills``: a new checkpoint empties the count; ``braked``: it counts toward
-    the restart brake; ``ends``: the status when not retried or the budget is spent (None: failed)."""
+    ``budget`` names a field of `policy.Retries`: the run's maximum and what it used (the OOM budget
+    counts the distinct configs in ``tried``); ``refills``: a new checkpoint empties the count;
+    ``braked``: it counts toward the restart brake; ``ends``: the status when not retried or the budget
+    is spent (None: failed)."""
 
     retry: Retry
     budget: str | None = None
@@ -449,7 +451,7 @@ def decide(
     at = _Where(step, resume_from)
     d = _decide(ex, policy, config, _refilled(budget, progressed), recover, progressed, offload_ok, at)
     count = 0 if progressed else no_progress + (1 if policy.braked else 0)
-    limit = max([NO_PROGRESS_LIMIT] + [_max(budget, p) + 1 for p in POLICIES.values() if p.braked])
+    limit = max([NO_PROGRESS_LIMIT] + [budget.most(str(p.budget)) + 1 for p in POLICIES.values() if p.braked])
     # A budget spent that ends in its own status (stalled) is not braked; a retry or a plain failure is.
     braked = d.action is Action.RETRY or (d.action is Action.FAIL and d.ends is None)
     if braked and policy.braked and count >= limit:
@@ -465,17 +467,13 @@ def decide(
     return replace(d, no_progress=count)
 
 
-def _max(budget: Budget, p: Policy) -> int:
-    return int(getattr(budget, f"{p.budget}_max"))
-
-
 def _refilled(budget: Budget, progressed: bool) -> Budget:
     """On progress, the attempt-counted budgets that refill start again (the OOM ladder's ``tried``
     restarts at its own decision)."""
     if not progressed:
         return budget
-    counted = {p.budget for p in POLICIES.values() if p.refills and p.retry is Retry.SAME}
-    return replace(budget, **{f"{b}_used": 0 for b in sorted(counted)})
+    counted = {str(p.budget) for p in POLICIES.values() if p.refills and p.retry is Retry.SAME}
+    return replace(budget, used=replace(budget.used, **dict.fromkeys(counted, 0)))
 
 
 @dataclass(frozen=True)
@@ -513,13 +511,13 @@ def _decide(
         return Decision(Action.FAIL, f"{ex.message} (recovery off)", budget=budget)
     if policy.retry is Retry.SHRINK:
         return _shrink(ex, policy, config, budget, progressed, offload_ok, at)
-    n = int(getattr(budget, f"{policy.budget}_used")) + 1
-    most = _max(budget, policy)
+    name = str(policy.budget)
+    n, most = budget.spent(name) + 1, budget.most(name)
     if n > most:
         spent = policy.spent.format(n=most + 1)
         return Decision(Action.FAIL, f"{ex.message}: {spent}", budget=budget, ends=policy.ends)
     msg = f"[{n}/{most}] {policy.label}{at.step_text} ({ex.message}): {policy.verb} with the same config {at.origin}"
-    return Decision(Action.RETRY, msg, (), replace(budget, **{f"{policy.budget}_used": n}))
+    return Decision(Action.RETRY, msg, (), budget.spending(name, n))
 
 
 def _shrink(
@@ -531,13 +529,14 @@ def _shrink(
     sig = signature(config)
     tried = tried if sig in tried else (*tried, sig)
     n = len(tried)
-    spent = replace(budget, oom_used=n, tried=tried)
-    step = _shrink_step(ex, config, offload_ok, budget.oom_max - n + 1)
+    spent = replace(budget.spending(str(policy.budget), n), tried=tried)
+    most = budget.most(str(policy.budget))
+    step = _shrink_step(ex, config, offload_ok, most - n + 1)
     if isinstance(step, str):
         return Decision(Action.FAIL, step, budget=spent)
     edits, what = step
     micro = config.get("micro_batch_size" if is_v1(config) else "per_device_train_batch_size")
-    count = f"[{n}/{budget.oom_max}]" if n <= budget.oom_max else f"[{n}/{budget.oom_max}, bottom of the ladder]"
+    count = f"[{n}/{most}]" if n <= most else f"[{n}/{most}, bottom of the ladder]"
     msg = f"{count} {policy.label}{at.step_text} (micro-batch {micro}): retrying with {what} {at.origin}"
     why = f"{policy.label}{at.step_text}: {what}"
     changes = tuple(Change(k, config.get(k), v, why) for k, v in edits.items())

@@ -122,7 +122,7 @@ class HistoryEntry:
         return {**out, **{k: v for k, v in self.extra.items() if k not in out}}
 
 
-_RUN_KEYS = frozenset(f.name for f in fields(RunOptions))  # stored flat in the record, as `train` takes them
+_RUN_KEYS = RunOptions.keys()  # stored flat in the record, as `train` takes them
 
 
 @dataclass(frozen=True)

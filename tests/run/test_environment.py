@@ -194,11 +194,13 @@ def test_a_change_between_two_attempts_of_one_supervisor_ends_the_run_env_change
     from ftlaunch.plan.hardware import catalog_hardware  # noqa: F401  (the plan's card below)
     from ftlaunch.run.launch import create_run
     from ftlaunch.run.options import SupervisorSettings
+    from ftlaunch.run.policy import RecoveryPolicy
     from ftlaunch.run.prepare import PlanRequest, make_plan
 
     env = dict(os.environ)
     loaded, p = make_plan(PlanRequest(config=str(write_config(tmp_path)), gpu="A10G"), env)
-    run_dir = create_run(loaded, p, env, SupervisorSettings(max_retries=3, max_crash_retries=2))
+    policy = RecoveryPolicy.from_options(max_retries=3, max_crash_retries=2)
+    run_dir = create_run(loaded, p, env, SupervisorSettings(policy=policy))
 
     def upgrade_during_attempt_1() -> None:
         deadline = time.monotonic() + 30

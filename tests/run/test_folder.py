@@ -14,6 +14,7 @@ from ftlaunch.plan.config import dump_yaml, read_header
 from ftlaunch.run.health import OnDiverge
 from ftlaunch.run.options import RunOptions, SupervisorSettings
 from ftlaunch.run.outdir import DirUse, Existing, output_dir_verdict
+from ftlaunch.run.policy import RecoveryPolicy, Retries
 from ftlaunch.run.state import RunState, RunStatus, StartFacts
 from ftlaunch.run.store import (
     RunFolder,
@@ -129,13 +130,12 @@ def test_unreadable_plan_is_empty_and_a_corrupt_state_is_set_aside(tmp_path):
 
 
 def test_supervisor_settings_are_one_value_with_the_enum():
-    opts = RunOptions(run_name="n", max_retries=1, no_recover=True, on_diverge=OnDiverge.STOP, stall_timeout=60.0)
-    assert opts.supervisor_settings() == SupervisorSettings(
-        name="n", recover=False, max_retries=1, on_diverge=OnDiverge.STOP, stall_timeout=60.0
-    )
+    policy = RecoveryPolicy(Retries(oom=1), recover=False, on_diverge=OnDiverge.STOP, stall_timeout=60.0)
+    opts = RunOptions(run_name="n", policy=policy)
+    assert opts.supervisor_settings() == SupervisorSettings(name="n", policy=policy)
     stored = json.loads(json.dumps(opts.to_dict()))  # a schedule record holds the word
     assert stored["on_diverge"] == "stop"
-    assert RunOptions.from_dict(stored).on_diverge is OnDiverge.STOP
+    assert RunOptions.from_dict(stored).policy.on_diverge is OnDiverge.STOP
     with pytest.raises(ValueError):
         RunOptions.from_dict({"on_diverge": "explode"})
 

@@ -114,6 +114,7 @@ def make_run(tmp_path: Path, script: list[dict], config: dict | None = None) -> 
     from ftlaunch.plan.hardware import catalog_hardware
     from ftlaunch.run.launch import create_run
     from ftlaunch.run.options import SupervisorSettings
+    from ftlaunch.run.policy import RecoveryPolicy
     from ftlaunch.run.prepare import PlanRequest, make_plan
 
     src = write_config(tmp_path, **{"per_device_train_batch_size": 4, **(config or {})})
@@ -126,7 +127,8 @@ def make_run(tmp_path: Path, script: list[dict], config: dict | None = None) -> 
     env["FTLAUNCH_LLAMAFACTORY_CLI"] = str(install(tmp_path))
     loaded, p = make_plan(PlanRequest(config=str(src), gpu="A10G"), env)
     assert catalog_hardware("A10G").gpu_count == 1
-    run_dir = create_run(loaded, p, env, SupervisorSettings(max_retries=3, max_crash_retries=1))
+    policy = RecoveryPolicy.from_options(max_retries=3, max_crash_retries=1)
+    run_dir = create_run(loaded, p, env, SupervisorSettings(policy=policy))
     return run_dir, env
 
 
