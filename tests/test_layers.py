@@ -4,10 +4,11 @@ are exempt: they never run). An import by a name in a string (importlib) is allo
 DYNAMIC_IMPORTS says why.
 
 Floors, bottom up: the ground (errors, files, locks), plan/ (the planning core: pure but for the
-readers tests/test_purity.py lists), probe/ (the hardware shells: the probe, the hardware file
-reader, the runtime GPU sampler; floor 1.5, so plan/ cannot reach them), hub/ (downloads), run/ (one
-run's life), estimate/, schedule/, and cli/ on top. A module may import its own floor and the ones
-below.
+readers tests/test_purity.py lists), present/ (the plan's tables and plan.txt; floor 1.25: above
+plan/, below run/, which writes plan.txt, and cli/, which prints), probe/ (the hardware shells: the
+probe, the hardware file reader, the runtime GPU sampler; floor 1.5, so plan/ cannot reach them),
+hub/ (downloads), run/ (one run's life), estimate/, schedule/, and cli/ on top. A module may import
+its own floor and the ones below.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ FLOORS = {
     "ftlaunch.files": 0,
     "ftlaunch.locks": 0,
     "ftlaunch.plan": 1,
+    "ftlaunch.present": 1.25,
     "ftlaunch.probe": 1.5,
     "ftlaunch.hub": 2,
     "ftlaunch.run": 3,
@@ -260,3 +262,24 @@ def test_the_hub_never_touches_the_plans_types():
     hub = [m for m in anywhere if m == "ftlaunch.hub" or m.startswith("ftlaunch.hub.")]
     assert len(hub) > 5 and any(m.startswith("ftlaunch.plan") for h in hub for m in anywhere[h])
     assert {h: sorted(reaches(anywhere[h], set())) for h in hub if reaches(anywhere[h], set())} == {}
+
+
+def test_the_planning_core_draws_nothing():
+    """Presentation is ftlaunch.present's: no plan/ module imports rich (nor present/), anywhere in it,
+    so planning, its tests and `import ftlaunch.plan.*` never load a renderer."""
+    drawing = [
+        f"{module_name(p)} imports {m} at line {line}"
+        for p in modules()
+        if module_name(p).startswith("ftlaunch.plan")
+        for m, line in imports(p)
+        if m.startswith("ftlaunch.present")
+    ]
+    drawing += [
+        f"{module_name(p)} imports rich at line {n.lineno}"
+        for p in modules()
+        if module_name(p).startswith("ftlaunch.plan")
+        for n in ast.walk(ast.parse(p.read_text()))
+        if (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "rich" for a in n.names))
+        or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "rich")
+    ]
+    assert drawing == []

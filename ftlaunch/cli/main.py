@@ -99,7 +99,7 @@ def _report(ctx: click.Context, exc: FtlaunchError) -> None:
 
     err_console.print(f"[red]error:[/red] {escape(exc.message)}", highlight=False, markup=True)
     if isinstance(exc, DoesNotFitError) and exc.alternatives:
-        from ftlaunch.plan.render import alternatives_table
+        from ftlaunch.present.render import alternatives_table
 
         err_console.print(alternatives_table(exc.alternatives))
     if exc.hint:

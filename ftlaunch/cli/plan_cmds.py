@@ -44,7 +44,7 @@ def plan(config: str, overrides: tuple[str, ...], as_json: bool, simulate: bool,
       ftlaunch plan cfg.yaml --gpu V100-32GB --simulate      # also measure it on fake tensors
       ftlaunch plan cfg.yaml --gpu A100-80GBx4 --check       # would llamafactory-cli accept it there?
     """
-    from ftlaunch.plan.render import plan_renderables
+    from ftlaunch.present.render import plan_renderables
     from ftlaunch.run.prepare import PlanRequest, PlanSettings, make_plan
 
     # a plan's request is its settings alone (not RunOptions: the supervisor's options are train's)
@@ -119,7 +119,7 @@ def env_cmd(as_json: bool, lock_run: str | None, output: str | None, diff_run: s
         return
     if output or run2:
         raise click.UsageError("-o goes with --lock, RUN2 with --diff")
-    from ftlaunch.plan.render import hardware_renderables
+    from ftlaunch.present.render import hardware_renderables
     from ftlaunch.probe.hardware import probe
 
     hw = probe(env_now())
@@ -135,7 +135,7 @@ def _run_environment(
 ) -> None:
     """`env --lock [RUN]` and `env --diff RUN [RUN2]`."""
     from ftlaunch.files import write_text_atomic
-    from ftlaunch.plan.tables import Col, Grid
+    from ftlaunch.present.tables import Col, Grid
     from ftlaunch.run.environment import diff_of_runs, lock_of_run
     from ftlaunch.run.view import find_run
 

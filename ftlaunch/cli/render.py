@@ -12,8 +12,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from ftlaunch.plan.render import PIPE_WIDTH
-from ftlaunch.plan.tables import Bar, Cell, Col, Grid, kv_table
+from ftlaunch.present.render import PIPE_WIDTH
+from ftlaunch.present.tables import Bar, Cell, Col, Grid, kv_table
 
 if TYPE_CHECKING:
     from ftlaunch.plan.planner import Plan

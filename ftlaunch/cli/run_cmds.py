@@ -266,7 +266,7 @@ def _keep_notify(run_dir: Path, spec: Any) -> None:
 
 def _show_created(run_dir: Path, p: Plan, as_json: bool, foreground: bool) -> None:
     """Once the run folder exists: its plan on stderr (not with --json), and where a foreground run lives."""
-    from ftlaunch.plan.render import plan_renderables
+    from ftlaunch.present.render import plan_renderables
 
     if not as_json:
         for r in plan_renderables(p):
@@ -501,7 +501,7 @@ def resume(
         from dataclasses import replace
 
         from ftlaunch.plan.hardware import check_typed_machine
-        from ftlaunch.plan.render import plan_renderables
+        from ftlaunch.present.render import plan_renderables
         from ftlaunch.run.control import preview_replan
         from ftlaunch.run.prepare import PlanRequest, get_hardware
         from ftlaunch.run.store import RunFolder

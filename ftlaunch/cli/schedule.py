@@ -150,7 +150,7 @@ def list_cmd(as_json: bool) -> None:
     if as_json:
         _echo_json(rows)
         return
-    from ftlaunch.plan.tables import Col, Grid
+    from ftlaunch.present.tables import Col, Grid
 
     # name, cron and next whole; the config path wraps at its slashes; last run (a time and a run
     # id) and result wrap between words only

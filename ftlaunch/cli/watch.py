@@ -1,7 +1,7 @@
 """`ftlaunch runs --watch`: every run at a glance, redrawn in place (rich Live) until `q` or Ctrl-C.
 
 The rows come from ftlaunch.run.live (run folders only: no torch); the tables follow the one rule of
-ftlaunch/plan/tables.py (nothing cut; a grid when it fits, else stacked). Numbers sit in one grid
+ftlaunch/present/tables.py (nothing cut; a grid when it fits, else stacked). Numbers sit in one grid
 (id, status, step/total, loss sparkline, tokens/s, ETA); each run's name, engine, restarts and last
 event, which are prose, in a second one below, so the whole view fits 80 columns (the widest numbers
 each column can hold side by side: tests/cli/test_watch.py).
@@ -21,7 +21,7 @@ from rich.console import Console, Group
 from rich.text import Text
 
 from ftlaunch.cli.render import fmt_seconds
-from ftlaunch.plan.tables import Col, Grid, kv_table
+from ftlaunch.present.tables import Col, Grid, kv_table
 from ftlaunch.run.live import LiveRow, live_rows, sparkline
 
 SPARK_WIDTH = 6  # with a 3-digit loss, the numbers' grid stays within 80 columns

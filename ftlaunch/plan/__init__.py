@@ -8,7 +8,7 @@ the GPU-memory model, micro-batch chooser, memory store and simulator (memory/),
 ``Change`` type (change), the one ZeRO-3 offload rule (offload), the batch arithmetic (batch), the
 planner itself (planner: config + hardware + options -> Plan), the final plan step that turns what
 the shells found (resolved paths, pre-downloaded model and datasets, the run it is for) into Changes
-(prepared, with dataset_info.json's names in datainfo) and the plan's rendering (render).
+(prepared, with dataset_info.json's names in datainfo). Rendering a plan is ftlaunch.present's.
 Decisions are functions over data; the only shells here are the readers tests/test_purity.py lists:
 the config loader, the model config.json readers, the memory store and the simulator's child process.
 

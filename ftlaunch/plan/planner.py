@@ -1,7 +1,7 @@
 """The planning core: config + hardware + options -> Plan. Pure: no files, env, network or GPU.
 
 Every decision is a ``Change(key, old, new, reason)``; rendering lives elsewhere: the plan table and
-plan.txt in ``ftlaunch.plan.render``, the terminal and ``--json`` in ``ftlaunch.cli.render``. What the
+plan.txt in ``ftlaunch.present.render``, the terminal and ``--json`` in ``ftlaunch.cli.render``. What the
 shells found around planning (resolved paths, pre-downloaded model and datasets, the run it is for) is
 added once by ``ftlaunch.plan.prepared.final_plan``; nothing edits a Plan after that.
 Invariant kept: global batch = micro-batch x accumulation x world size, exactly: where the global

@@ -15,7 +15,7 @@ from rich.console import Console
 from ftlaunch.cli.main import main
 from ftlaunch.cli.render import runs_table
 from ftlaunch.cli.schedule import schedule_group
-from ftlaunch.plan.render import PIPE_WIDTH
+from ftlaunch.present.render import PIPE_WIDTH
 
 from ..conftest import venv_bin
 from ..helpers import said
@@ -174,7 +174,7 @@ def test_lost_run_counts_its_gpu_hours(project, fake_trainer, isolated_home):  #
 
 
 def test_does_not_fit_table_says_why_an_option_is_no_and_groups_by_kind():
-    from ftlaunch.plan.render import alternatives_table
+    from ftlaunch.present.render import alternatives_table
 
     alts = [
         {"option": "ZeRO-3 CPU offload", "kind": "same-numbers", "peak_gib": 5.3, "host_gib": 202.0, "fits": False,

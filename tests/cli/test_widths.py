@@ -26,8 +26,8 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from ftlaunch.cli.main import main
-from ftlaunch.plan.render import PIPE_WIDTH
-from ftlaunch.plan.tables import Cell, Col, Grid, narrowest, wrap
+from ftlaunch.present.render import PIPE_WIDTH
+from ftlaunch.present.tables import Cell, Col, Grid, narrowest, wrap
 
 from ..conftest import ROOT, venv_bin
 from ..schedule.test_schedule import fake_trainer  # noqa: F401 (fixture)

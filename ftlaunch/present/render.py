@@ -1,6 +1,6 @@
 """Rendering a plan for people (rich tables) and for plan.txt: the changes table, the memory table,
 the hardware summary and the alternatives when a setup does not fit. No decisions here; every table
-is a ftlaunch.plan.tables.Grid (keys and numbers whole at any width).
+is a ftlaunch.present.tables.Grid (keys and numbers whole at any width).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ftlaunch.plan.change import REMOVED
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.memory.prediction import Alternative, Kind, MemoryPrediction
 from ftlaunch.plan.planner import Plan
-from ftlaunch.plan.tables import Cell, Col, Grid, Para, kv_table
+from ftlaunch.present.tables import Cell, Col, Grid, Para, kv_table
 
 
 def _fmt(v: Any) -> str:
