@@ -49,6 +49,11 @@ def _say(text: str) -> None:
     type=click.Path(dir_okay=False),
     help="Where to draw the length histogram (PNG); default $FTLAUNCH_HOME/estimates/<config>-lengths.png.",
 )
+@click.option(
+    "--mirror",
+    help="A hub model's tokenizer and config.json only (not its weights) fetched first, resuming and "
+    "retrying: auto, hf, hf-mirror, modelscope or a URL. Without it the counting child loads them itself.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate_cmd(
     config: str,
@@ -65,6 +70,7 @@ def estimate_cmd(
     probe_steps: int | None,
     warmup_steps: int,
     histogram: str | None,
+    mirror: str | None,
     as_json: bool,
 ) -> None:
     """Estimate CONFIG before training: exact tokens, lengths, padding, steps, memory, time, GPU-hours.
@@ -80,6 +86,7 @@ def estimate_cmd(
       ftlaunch estimate cfg.yaml --gpu A100-80GB --json
       ftlaunch estimate cfg.yaml --probe-steps 30 num_train_epochs=2
       ftlaunch estimate cfg.yaml --gpu V100-32GB --gpu A100-80GB --gpu H100-80GBx8 --price A100-80GB=1.9
+      ftlaunch estimate cfg.yaml --gpu A100-80GB --mirror hf-mirror model_name_or_path=Qwen/Qwen2.5-1.5B-Instruct
     """
     from ftlaunch.cli.plot import CannotWrite, draw_histogram
     from ftlaunch.estimate.compare import parse_prices
@@ -101,6 +108,7 @@ def estimate_cmd(
         headroom=headroom,
         params=params,
         model_config=model_config,
+        mirror=mirror,
     )
     if len(machines) > 1:
         out = compare_machines(config, overrides, machines, base, price_table, env, _say)

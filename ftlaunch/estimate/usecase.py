@@ -30,6 +30,44 @@ if TYPE_CHECKING:
 Say = Callable[[str], None]
 
 
+def counting_request(req: PlanRequest) -> PlanRequest:
+    """An estimate's --mirror fetches a hub model's tokenizer files and config.json, never its weights:
+    counting needs the tokenizer, sizing the config."""
+    return replace(req, tokenizer_files=True, download_weights=False) if req.mirror else req
+
+
+def estimate_plan_of(req: PlanRequest, env: Mapping[str, str]) -> Plan:
+    """make_plan for an estimate: a model path missing here is refused (the count needs its tokenizer),
+    with what to do instead."""
+    from ftlaunch.errors import ConfigError
+    from ftlaunch.run.prepare import make_plan
+
+    try:
+        return make_plan(counting_request(req), env)[1]
+    except ConfigError as exc:
+        if exc.hint is None and any(MISSING_MODEL in p for p in exc.problems):
+            raise ConfigError(exc.problems, hint=MISSING_MODEL_HINT) from None
+        raise
+
+
+# plan/config.py's words for a model path that is not on this machine
+MISSING_MODEL = "model_name_or_path: local path"
+MISSING_MODEL_HINT = (
+    "an estimate counts tokens with the model's tokenizer: override model_name_or_path with a folder that "
+    "holds it, or with the base model's hub id and --mirror auto (fetches only its tokenizer and config.json); "
+    "`ftlaunch plan --gpu ...` plans without the model"
+)
+
+
+def count_source(p: Plan, values: dict[str, Any], env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """What the counting child loads: a snapshot fetched by --mirror (offline), else the config's model."""
+    if not p.hub:
+        return values, dict(env)
+    from ftlaunch.hub.download import offline_env
+
+    return {**values, "model_name_or_path": p.hub["path"]}, {**env, **offline_env()}
+
+
 def count_tokens(values: Mapping[str, Any], env: Mapping[str, str], say: Say, why: str = "") -> TokenStats:
     """Exact token counts in a scratch folder under FTLAUNCH_HOME (kept, with its log, on failure)."""
     from ftlaunch.errors import ConfigError
@@ -115,13 +153,11 @@ def estimate_one(
     say: Say,
 ) -> OneMachine:
     """Plan CONFIG for `opts`' machine, count its tokens, probe this machine if asked, and estimate."""
-    from ftlaunch.run.prepare import make_plan
-
     req = opts.plan_request(config, tuple(overrides), strict=True)
-    _, p = make_plan(req, env)
+    p = estimate_plan_of(req, env)
     compare.check_prices(prices, [(opts.gpu or "", p.hardware.gpu_model if p.hardware.gpus else None)])
     values = dict(p.config)
-    stats = count_tokens(values, env, say)
+    stats = count_tokens(*count_source(p, values, env), say)
     probe = None
     if probe_steps:
         say(f"probing: {warmup_steps} warm-up + {probe_steps} measured steps in a scratch output_dir ...")
@@ -148,7 +184,7 @@ def compare_machines(
     """Plan and estimate each machine (("gpu", name) or ("hardware_file", path)); count the tokens
     once (they do not depend on the machine). A machine the config does not fit gets a refusal row."""
     from ftlaunch.errors import DoesNotFitError
-    from ftlaunch.run.prepare import get_hardware, make_plan
+    from ftlaunch.run.prepare import get_hardware
 
     if prices:  # before any planning or counting: a --price naming no compared card is refused
         named = []
@@ -161,13 +197,13 @@ def compare_machines(
     for kind, value in machines:
         req = replace(base, **{kind: value}).plan_request(config, tuple(overrides), strict=True)
         try:
-            _, p = make_plan(req, env)
+            p = estimate_plan_of(req, env)
         except DoesNotFitError as exc:
             hw = get_hardware(req, env)
             rows.append(compare.row_from_refusal(value, hw.gpu_model, hw.gpu_count, exc.message, exc.alternatives))
             continue
         if stats is None:
-            stats = count_tokens(dict(p.config), env, say, " (once for all machines)")
+            stats = count_tokens(*count_source(p, dict(p.config), env), say, " (once for all machines)")
         result = estimate_plan(p, req, stats)
         planned = {
             **p.to_dict(),

@@ -56,6 +56,7 @@ class PlanRequest(PlanSettings):
     overrides: tuple[str, ...] = ()
     strict_files: bool = False  # train: a missing dataset is an error, plan: a warning
     download_weights: bool = False  # train: the whole snapshot; plan: config.json only
+    tokenizer_files: bool = False  # estimate: the tokenizer files (and config.json), not the weights
     cwd: str | None = None
     progress: bool = False  # download progress bars: the CLI's answer to "is stderr a terminal?"
 
@@ -183,6 +184,13 @@ def _checked_values(req: PlanRequest, loaded: LoadedConfig) -> tuple[dict[str, A
     return values, warnings, ds
 
 
+def _hub_files(req: PlanRequest) -> str:
+    """Which files of the model's snapshot --mirror fetches (a row of hub.model.FILE_PATTERNS)."""
+    if req.download_weights:
+        return "all"
+    return "tokenizer" if req.tokenizer_files else "config"
+
+
 def _prefetch(
     req: PlanRequest, env: Mapping[str, str], values: dict[str, Any], loaded: LoadedConfig, run_id: str
 ) -> tuple[Prefetch | None, Any, Path | None, Mapping[str, str] | None]:
@@ -199,7 +207,7 @@ def _prefetch(
         offline = offline_env()
     if req.mirror and is_repo_id(hub_id, cwd=Path.cwd()):
         fetched = prefetch_model(
-            str(hub_id), req.mirror, env, config_only=not req.download_weights, progress=req.progress
+            str(hub_id), req.mirror, env, files=_hub_files(req), progress=req.progress
         )
     datasets = run_dir = None
     if req.mirror and req.download_weights:  # train: hub datasets too, so the offline trainer finds them

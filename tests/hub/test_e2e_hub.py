@@ -84,3 +84,29 @@ def test_download_dataset_repo(tmp_path):
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert Path(d["path"], "data", "train.json").exists() and "datasets--org--ds" in d["path"]
+
+
+def test_estimate_with_mirror_fetches_the_tokenizer_not_the_weights(hub, tiny, tmp_path, isolated_home):
+    """A hub model's tokens are counted from its tokenizer files alone: the weights stay on the hub."""
+    out = tmp_path / "out"
+    local = write_yaml(tmp_path / "local.yaml", tiny_config(tiny, out))
+    remote = write_yaml(tmp_path / "hub.yaml", tiny_config(tiny, out, model_name_or_path="org/tiny"))
+    env = online_env(tmp_path, HF_TOKEN="hf_secret_z")
+    r = ftl("estimate", str(remote), "--mirror", hub.url, "--json", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    fetched = json.loads(r.stdout)
+    served = {key.split("/", 2)[2] for key, n in hub.bytes_served.items() if n}
+    assert "tokenizer.json" in served or "tokenizer_config.json" in served, served
+    assert not any(name.endswith(".safetensors") for name in served), served
+    assert not list((tmp_path / "hf").rglob("*.safetensors"))
+    here = json.loads(ftl("estimate", str(local), "--json", env=env).stdout)
+    assert fetched["total_tokens"] == here["total_tokens"] > 0
+    assert fetched["label_tokens"] == here["label_tokens"]
+    assert "hf_secret_z" not in r.stdout + r.stderr
+
+
+def test_estimate_of_a_model_path_missing_here_says_what_to_do(tiny, tmp_path, isolated_home):
+    cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, tmp_path / "out", model_name_or_path="/nowhere/model"))
+    r = ftl("estimate", str(cfg), "--gpu", "A100-80GB", "--params", "7B", env=online_env(tmp_path))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert said("/nowhere/model does not exist", r.stderr) and said("--mirror auto", r.stderr)
