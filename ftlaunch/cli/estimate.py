@@ -161,7 +161,7 @@ def _fmt_range_hours(pair: Sequence[float] | None) -> str:
 
 def comparison_renderables(out: Mapping[str, Any]) -> list[Any]:
     """`estimate --gpu A --gpu B`: one row a machine, every cell a word (names and figures whole)."""
-    from ftlaunch.plan.tables import Col, Grid, Para
+    from ftlaunch.present.tables import Col, Grid, Para
 
     tok = out.get("tokens") or {}
     title = "machines, fastest first"
@@ -216,8 +216,8 @@ def estimate_renderables(out: Mapping[str, Any]) -> list[Any]:
     from rich.text import Text
 
     from ftlaunch.plan.memory.prediction import MemoryPrediction
-    from ftlaunch.plan.render import memory_table
-    from ftlaunch.plan.tables import Cell, Col, Grid, Para, kv_table
+    from ftlaunch.present.render import memory_table
+    from ftlaunch.present.tables import Cell, Col, Grid, Para, kv_table
 
     shown: list[Any] = []
     pc = out["length_percentiles"]
