@@ -124,7 +124,7 @@ def live_row(run_dir: Path) -> LiveRow:
     events, _ = json_lines(tail_lines(folder.events, EVENTS_TAIL), lambda r: isinstance(r.get("event"), str))
     return LiveRow(
         view=view,
-        engine=engine_of(_config(folder.config), bool(state.slurm_job_id), state.world_size),
+        engine=engine_of(_config(folder.config), state.job.submitted, state.world_size),
         losses=losses_of(tail_lines(folder.records, RECORDS_TAIL)),
         restarts=_all_restarts(folder) if _size(folder.events) > EVENTS_TAIL else restarts_of(events),
         last_event=event_line(events),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.run.procs import Liveness
-from ftlaunch.run.state import FailureKind, RunState, RunStatus
+from ftlaunch.run.state import FailureKind, ProgressRecord, RunState, RunStatus, StallRecord
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def local_status(state: RunState, supervisor: Liveness) -> RunStatus:
 
 def wants_last_word(state: RunState, status: RunStatus) -> bool:
     """Whether to read the last word of a supervisor that died: a local run found lost now."""
-    return status is RunStatus.LOST and state.status is not RunStatus.LOST and not state.slurm_job_id
+    return status is RunStatus.LOST and state.status is not RunStatus.LOST and not state.job.submitted
 
 
 def is_live(status: RunStatus) -> bool:
@@ -181,8 +181,8 @@ def is_live(status: RunStatus) -> bool:
 def view_of(state: RunState, run_dir: Path, seen: Seen, now: float | None, clock: float) -> RunView:
     """The run as `status` shows it. ``now``: the time asked for (None: ``clock``, the time now)."""
     status = seen.status
-    p = state.progress or {}
-    step, total = p.get("step"), p.get("total_steps")
+    p = state.progress or ProgressRecord()
+    step, total = p.step, p.total_steps
     rate = state.steps_per_second
     eta = None
     if status in (RunStatus.RUNNING, RunStatus.RECOVERING) and rate and step is not None and total:
@@ -204,9 +204,9 @@ def view_of(state: RunState, run_dir: Path, seen: Seen, now: float | None, clock
         attempt=state.attempt,
         step=step,
         total_steps=total,
-        loss=p.get("loss"),
+        loss=p.get("loss"),  # as recorded: NaN is news
         lr=p.get("lr"),
-        throughput=p.get("throughput"),
+        throughput=p.throughput,
         steps_per_second=rate,
         eta_seconds=None if eta is None else round(eta, 1),
         micro_batch=state.micro_batch,
@@ -223,12 +223,12 @@ def view_of(state: RunState, run_dir: Path, seen: Seen, now: float | None, clock
         message=message,
         last_message=state.message if message != state.message else None,
         last_checkpoint=state.last_checkpoint,
-        health=(state.health or {}).get("health"),
-        diverged=state.diverged,
+        health=state.health.health if state.health else None,
+        diverged=state.diverged.to_json() if state.diverged else None,
         gpu_memory_gib=seen.gpu_memory_gib,
         predicted_peak_gib=state.predicted_peak_gib,
         observed_peak_gib=state.observed_peak_gib,
-        slurm_job_id=state.slurm_job_id,
+        slurm_job_id=state.job.id,
         slurm_state=seen.slurm_state,
         environment_changed=env_changed_line(state),
         stall=stall_view(state, now if now is not None else clock, is_live(status)),
@@ -256,8 +256,8 @@ def lost_message(state: RunState, run_id: str, trainer_live: Liveness, died: Map
     """What a lost run's status says: what happened (its supervisor, or its Slurm job, is gone without
     writing a final status; ``died``: the cause it left, ftlaunch.run.journal.LastWord) and what to do
     (resume, from where). Pure."""
-    if state.slurm_job_id:
-        what = f"lost: Slurm job {state.slurm_job_id} no longer runs and its supervisor wrote no final status"
+    if state.job.submitted:
+        what = f"lost: Slurm job {state.job.id} no longer runs and its supervisor wrote no final status"
     elif died is not None and died.get("cause"):
         what = f"lost: its supervisor (pid {state.pid}) failed: {died['cause']} (in {died.get('where')})"
         if died.get("trainer_exit_code") is not None:
@@ -265,7 +265,7 @@ def lost_message(state: RunState, run_id: str, trainer_live: Liveness, died: Map
     else:
         what = f"lost: its supervisor (pid {state.pid}) is gone without writing a final status"
         what += " (a reboot, a kill or the OOM killer)"
-    if trainer_live is Liveness.ALIVE and state.trainer_pid and not state.slurm_job_id:
+    if trainer_live is Liveness.ALIVE and state.trainer_pid and not state.job.submitted:
         what += f"; its trainer (pid {state.trainer_pid}) still runs unsupervised, and resume stops it first"
     where = (
         f"its last complete checkpoint (checkpoint-{state.last_checkpoint} when last seen)"
@@ -278,7 +278,7 @@ def lost_message(state: RunState, run_id: str, trainer_live: Liveness, died: Map
 def env_changed_line(state: RunState) -> str | None:
     """`environment changed at attempt 3 (transformers 4.49.0 -> 4.55.0)`, from the record the
     supervisor keeps in the state (ftlaunch.run.environment); None when no deciding package changed."""
-    changed = (state.environment or {}).get("changed")
+    changed = state.environment.changed if state.environment else None
     if not changed:
         return None
     since = f" since run {changed['since_run']}" if changed.get("since_run") else ""
@@ -288,14 +288,14 @@ def env_changed_line(state: RunState) -> str | None:
 
 def stall_view(state: RunState, now: float, live: bool) -> StallView:
     """The stall watchdog's record in the state as `status` shows it (``live``: the run is live)."""
-    stall = state.stall or {}
-    at = stall.get("last_progress_at")
+    stall = state.stall or StallRecord()
+    at = stall.last_progress_at
     idle = round(max(0.0, now - float(at)), 1) if live and at is not None else None
     return StallView(
         seconds_since_progress=idle,
-        phase=stall.get("phase") if live else None,
-        timeout_seconds=stall.get("allowance_s") if live else None,
-        timeout_why=stall.get("why") if live else None,
-        load_seconds=stall.get("load_s"),
+        phase=stall.phase if live else None,
+        timeout_seconds=stall.allowance_s if live else None,
+        timeout_why=stall.why if live else None,
+        load_seconds=stall.load_s,
         no_progress_attempts=state.no_progress_attempts,
     )
