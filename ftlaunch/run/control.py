@@ -17,28 +17,25 @@ from pathlib import Path
 from typing import IO, Any
 
 from ftlaunch.errors import BusyError, ConfigError, StateError, StateVersionError
-from ftlaunch.files import now_iso
 from ftlaunch.plan.config import split_secrets
 from ftlaunch.run import progress as prog
+from ftlaunch.run import transitions as journal
 from ftlaunch.run.engines import Resumed, ResumeOutcome, of_state
 from ftlaunch.run.environment import refuse_resume
+from ftlaunch.run.events import Event
 from ftlaunch.run.launch import supervise
-from ftlaunch.run.orphans import TrainerAlive, live_trainers, runs_of_output_dir, stop_trainer
+from ftlaunch.run.orphans import LiveTrainer, TrainerAlive, live_trainers, runs_of_output_dir, stop_trainer
 from ftlaunch.run.procs import Liveness, liveness
 from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import (
     RunFolder,
-    append_event,
     read_config,
     read_events,
     read_plan,
     read_secrets,
     read_state,
-    set_aside_state,
-    update_state,
     write_config,
     write_secrets,
-    write_state,
 )
 from ftlaunch.run.trainer import find_trainer
 
@@ -79,10 +76,9 @@ def stop_run(run_dir: Path, env: Mapping[str, str], grace: float = 30.0) -> str:
             return f"{orphan.describe()}; not touching it"
         if not stop_trainer(orphan, grace=grace):
             return f"run {run_dir.name}: its trainer's process group {orphan.pgid} is still alive after SIGKILL"
-        append_event(run_dir, "orphan_stopped", pgid=orphan.pgid, pids=list(orphan.pids), how=orphan.how)
+        _orphan_stopped(run_dir, orphan)
     if not _status_now(run_dir).is_terminal():
-        update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="stopped by the user")
-        append_event(run_dir, "stopped", message="supervisor was gone; trainer stopped directly")
+        journal.stopped(run_dir, "stopped by the user", message="supervisor was gone; trainer stopped directly")
     return f"run {run_dir.name} stopped"
 
 
@@ -237,7 +233,6 @@ def _prepare_restart(
     verdict = _resume_verdict(run_dir, state, edits)
     if verdict is not None:
         return verdict
-    status = state.status
     if not allow_env_change:
         resumes = prog.last_complete_checkpoint(Path(output_dir))
         refuse_resume(run_dir, env, state, resumes[1].name if resumes else None)
@@ -251,15 +246,12 @@ def _prepare_restart(
     if overrides and last is not None:
         _rewrite_checkpoint_lr(run_dir, env, out, last[1].name, overrides)
     # A run that gave up gets a fresh budget: the user changed something, or wants another go.
-    update_state(
+    journal.resumed(
         run_dir,
-        status=RunStatus.STARTING,
-        budget=state.budget.refilled(),
-        pid=None,
-        trainer_pid=None,
-        allow_env_change=allow_env_change or None,
+        state,
+        allow_env_change=allow_env_change,
+        from_checkpoint=last[1].name if last else None,
     )
-    append_event(run_dir, "resumed", previous=status.value, from_checkpoint=last[1].name if last else None)
     return None
 
 
@@ -278,7 +270,11 @@ def _end_orphans(run_dir: Path, env: Mapping[str, str], output_dir: str, state: 
                 f"run {run_dir.name}: its trainer's process group {orphan.pgid} is still alive after SIGKILL",
                 hint=f"see what is left with `ps -o pid,stat,args -g {orphan.pgid}`",
             )
-        append_event(run_dir, "orphan_stopped", pgid=orphan.pgid, pids=list(orphan.pids), how=orphan.how)
+        _orphan_stopped(run_dir, orphan)
+
+
+def _orphan_stopped(run_dir: Path, orphan: LiveTrainer) -> None:
+    journal.note(run_dir, Event.ORPHAN_STOPPED, pgid=orphan.pgid, pids=list(orphan.pids), how=orphan.how)
 
 
 def _rewrite_checkpoint_lr(
@@ -294,7 +290,7 @@ def _rewrite_checkpoint_lr(
     if lr is None:
         return
     err = rollback.scale_lr(out, checkpoint, float(lr), rollback.python_of(find_trainer(env)[0]), rollback.now_stamp())
-    append_event(run_dir, "checkpoint_lr_rewritten", checkpoint=checkpoint, learning_rate=float(lr), error=err)
+    journal.note(run_dir, Event.CHECKPOINT_LR_REWRITTEN, checkpoint=checkpoint, learning_rate=float(lr), error=err)
     if err:
         raise ConfigError(
             f"learning_rate={lr} could not be written into {checkpoint} (a resume restores the old lr from it): {err}",
@@ -423,9 +419,9 @@ def own_values(plan_changes: list[Mapping[str, Any]], events: list[Mapping[str, 
     own: dict[str, Any] = {}
     steps = [("plan", c) for c in plan_changes]
     for e in events:
-        if e.get("event") == "replanned":
+        if e.get("event") == Event.REPLANNED:
             steps += [("plan", c) for c in e.get("changes") or []]
-        elif e.get("event") == "config_edited":
+        elif e.get("event") == Event.CONFIG_EDITED:
             steps += [("user", {"key": k}) for k in e.get("after") or {}]
     for who, c in steps:
         key = c.get("key")
@@ -503,7 +499,7 @@ def _examples(run_dir: Path) -> int | None:
 
 
 def _refuse_slurm_replan(run_dir: Path, state: RunState) -> None:
-    if state.slurm_job_id:
+    if state.job.submitted:
         raise ConfigError(
             f"run {run_dir.name} is a Slurm job: --gpu/--hardware does not re-plan it",
             hint="resume it as it was planned (its job.sbatch names its nodes)",
@@ -514,19 +510,18 @@ def _apply_replan(run_dir: Path, r: Replan) -> None:
     """Write the re-planned config and the state's launch figures; the change is an event."""
     p = r.plan
     write_config(run_dir, p.config, p.header)
-    update_state(
+    figures = {
+        "gpu_model": p.hardware.gpu_model,
+        "gpu_count": p.hardware.gpu_count,
+        "world_size": p.world_size,
+        "micro_batch": p.micro_batch,
+        "accumulation": p.accumulation,
+        "global_batch": p.global_batch_target,
+        "trainer_env": dict(r.trainer_env),
+    }
+    journal.replanned(
         run_dir,
-        gpu_model=p.hardware.gpu_model,
-        gpu_count=p.hardware.gpu_count,
-        world_size=p.world_size,
-        micro_batch=p.micro_batch,
-        accumulation=p.accumulation,
-        global_batch=p.global_batch_target,
-        trainer_env=dict(r.trainer_env),
-    )
-    append_event(
-        run_dir,
-        "replanned",
+        figures,
         hardware=p.hardware.describe(),
         world_before=r.world_before,
         world_after=r.world_after,
@@ -596,7 +591,6 @@ def edit_run_config(
     before = {k: config.get(k) for k in public}
     config.update(public)
     write_config(run_dir, config, header)
-    append_event(run_dir, "config_edited", before=before, after=public, secrets=sorted(secrets))
     fields: dict[str, Any] = {}
     if "per_device_train_batch_size" in values:
         fields["micro_batch"] = values["per_device_train_batch_size"]
@@ -604,8 +598,7 @@ def edit_run_config(
         fields["accumulation"] = values["gradient_accumulation_steps"]
     if moved:
         fields["global_batch"] = moved[0][2]
-    if fields:
-        update_state(run_dir, **fields)
+    journal.config_edited(run_dir, fields, before=before, after=public, secrets=sorted(secrets))
     return config
 
 
@@ -614,7 +607,6 @@ def rebuild_state(run_dir: Path) -> RunState:
     if not RunFolder(run_dir).config.exists():
         raise StateError(f"run {run_dir.name}: neither state.json nor config.yaml is readable")
     values = read_config(run_dir)[0]
-    set_aside_state(run_dir)
     output_dir = values.get("output_dir")
     state = RunState(
         id=run_dir.name,
@@ -624,8 +616,5 @@ def rebuild_state(run_dir: Path) -> RunState:
         output_dir=None if output_dir is None else str(output_dir),
         run_dir=str(run_dir),
         recover=True,
-        rebuilt=now_iso(),
     )
-    write_state(run_dir, state)
-    append_event(run_dir, "state_rebuilt")
-    return state
+    return journal.rebuilt(run_dir, state)

@@ -27,8 +27,11 @@ from ftlaunch.errors import EnvChangedError, ExitCode, FtlaunchError, StateError
 from ftlaunch.files import now_iso, write_json_atomic
 from ftlaunch.plan.environment import ENV_VERSION, EnvDiff, Environment, canonical, compare, diff_table, lock_text
 from ftlaunch.probe.hardware import load_pynvml
+from ftlaunch.run import transitions as journal
+from ftlaunch.run.events import Event
 from ftlaunch.run.state import RunState
-from ftlaunch.run.store import RunFolder, append_event, read_state, update_state
+from ftlaunch.run.staterecords import EnvironmentRecord
+from ftlaunch.run.store import RunFolder, read_state
 
 _ATTEMPT = re.compile(r"attempt-(\d+)\.json$")
 ALLOW_HINT = "pass --allow-env-change to resume anyway"
@@ -327,7 +330,7 @@ def _at_attempt_start(run_dir: Path, attempt: int, env: Mapping[str, str], resum
     try:
         previous, since_run = recorded(run_dir, before=attempt), None
     except UnreadableRecord as exc:  # said in the events; this attempt's own record is still made
-        append_event(run_dir, "environment_unreadable", attempt=attempt, message=exc.message)
+        journal.note(run_dir, Event.ENVIRONMENT_UNREADABLE, attempt=attempt, message=exc.message)
         previous, since_run = None, None
     if previous is None and state.schedule and attempt == 1:
         found = _previous_of_schedule(run_dir, env, state.schedule)
@@ -337,10 +340,8 @@ def _at_attempt_start(run_dir: Path, attempt: int, env: Mapping[str, str], resum
     refused = bool(diff.deciding) and resuming and since_run is None and not state.allow_env_change
     fields = diff.to_json()
     if refused:
-        append_event(run_dir, "environment_changed", attempt=attempt, refused=True, **fields)
-        update_state(
-            run_dir, environment={**(state.environment or {}), "changed": _changed_note(attempt, diff, False, None)}
-        )
+        journal.note(run_dir, Event.ENVIRONMENT_CHANGED, attempt=attempt, refused=True, **fields)
+        journal.environment_kept(run_dir, _kept(state).with_(changed=_changed_note(attempt, diff, False, None)))
         return (
             f"the trainer's environment changed since attempt {previous.attempt if previous else '?'}, whose "
             f"checkpoint this attempt would resume ({diff.summary()}); not resumed: {ALLOW_HINT}\n"
@@ -348,18 +349,23 @@ def _at_attempt_start(run_dir: Path, attempt: int, env: Mapping[str, str], resum
         )
     write_record(run_dir, now)
     ms = round((time.perf_counter() - t0) * 1000, 1)
-    append_event(run_dir, "environment", attempt=attempt, hash=now.digest(), packages=len(now.packages), ms=ms)
+    journal.note(run_dir, Event.ENVIRONMENT, attempt=attempt, hash=now.digest(), packages=len(now.packages), ms=ms)
     if diff.changed:
-        append_event(run_dir, "environment_changed", attempt=attempt, refused=False, since_run=since_run, **fields)
+        journal.note(run_dir, Event.ENVIRONMENT_CHANGED, attempt=attempt, refused=False, since_run=since_run, **fields)
     if diff.deciding:  # taken (--allow-env-change, or since the schedule's last run): the destinations hear it
         from ftlaunch.run.notify import notice
 
         notice(run_dir, env, "env_changed", {**_changed_note(attempt, diff, True, since_run), **fields})
-    info: dict[str, Any] = {**(state.environment or {}), "hash": now.digest(), "attempt": attempt}
+    info = _kept(state).with_(hash=now.digest(), attempt=attempt)
     if diff.deciding:
-        info["changed"] = _changed_note(attempt, diff, True, since_run)
-    update_state(run_dir, environment=info)
+        info = info.with_(changed=_changed_note(attempt, diff, True, since_run))
+    journal.environment_kept(run_dir, info)
     return None
+
+
+def _kept(state: RunState) -> EnvironmentRecord:
+    """The environment record the state keeps (an empty one when it keeps none yet)."""
+    return state.environment or EnvironmentRecord()
 
 
 def refuse_resume(run_dir: Path, env: Mapping[str, str], state: RunState, checkpoint: str | None) -> None:

@@ -31,9 +31,11 @@ from typing import IO, Any
 from ftlaunch.errors import StateError
 from ftlaunch.files import now_iso, overwrite_reserved, reserve_file, write_text_atomic
 from ftlaunch.run.checkpoints import SetAside
+from ftlaunch.run.events import Event
 from ftlaunch.run.progress import Progress
 from ftlaunch.run.recovery import Decision, Exit
 from ftlaunch.run.state import Budget, FailureKind, RunState, RunStatus
+from ftlaunch.run.staterecords import ProgressRecord
 from ftlaunch.run.store import RunFolder, append_event, read_state, update_state
 
 
@@ -42,6 +44,13 @@ def _batch(values: Mapping[str, Any]) -> dict[str, Any]:
         "micro_batch": values.get("per_device_train_batch_size"),
         "accumulation": values.get("gradient_accumulation_steps"),
     }
+
+
+def _progress(p: Progress, tokens_per_second: float | None) -> ProgressRecord:
+    """``state.progress``: the trainer's progress, with its recent tokens/s when measured (`status`
+    shows it without reading trainer_log.jsonl)."""
+    record = ProgressRecord(p.to_dict())
+    return record if tokens_per_second is None else record.with_(tokens_per_second=tokens_per_second)
 
 
 def _best_effort(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -376,7 +385,7 @@ class RunJournal:
             quiet_print(text, sys.stdout)
         lost = {"records": spell.records, "output_bytes": spell.output_bytes, "log_bytes": spell.log_bytes}
         try:
-            append_event(self.run_dir, "unwritten", reason=spell.reason, **lost)
+            append_event(self.run_dir, Event.UNWRITTEN, reason=spell.reason, **lost)
         except OSError:
             pass  # said in train.log; a notice about the notice would never end
 
@@ -398,7 +407,7 @@ class RunJournal:
     def busy(self, message: str) -> None:
         """Another run holds the output_dir: this one never started."""
         update_state(self.run_dir, status=RunStatus.FAILED, failure_kind=FailureKind.BUSY, message=message)
-        append_event(self.run_dir, "failed", kind=FailureKind.BUSY.value, message=message)
+        append_event(self.run_dir, Event.FAILED, kind=FailureKind.BUSY.value, message=message)
 
     def supervising(self, pid: int, pid_start: float | None) -> None:
         """This supervisor takes over the run; room for its last word is reserved first, while there is room."""
@@ -450,7 +459,7 @@ class RunJournal:
             failure_kind=kind if kind in {k.value for k in FailureKind} else None,
             trainer_pid=None,
         )
-        append_event(self.run_dir, status.value, message=message, exit_code=code, settled_from=str(place))
+        append_event(self.run_dir, Event.ended_as(status), message=message, exit_code=code, settled_from=str(place))
         self.say(f"ftlaunch: the run had ended {status.value} while its folder refused writes: {message}")
         return True
 
@@ -481,13 +490,13 @@ class RunJournal:
         set_aside: list[SetAside],
     ) -> None:
         for s in set_aside:
-            append_event(self.run_dir, "checkpoint_set_aside", checkpoint=s.name, problems=list(s.problems))
+            append_event(self.run_dir, Event.CHECKPOINT_SET_ASIDE, checkpoint=s.name, problems=list(s.problems))
         update_state(
             self.run_dir, status=status, attempt=attempt, budget=budget, resume_from=resume_from, **_batch(values)
         )
         append_event(
             self.run_dir,
-            "attempt_started",
+            Event.ATTEMPT_STARTED,
             attempt=attempt,
             resume_from=resume_from,
             **_batch(values),
@@ -505,26 +514,28 @@ class RunJournal:
 
     @_best_effort
     def stopping(self, signum: int | None) -> None:
-        append_event(self.run_dir, "stopping", signal=signum)
+        append_event(self.run_dir, Event.STOPPING, signal=signum)
 
     @_best_effort
-    def progress(self, p: Progress, rate: float | None, at: float, recovered: int | None = None) -> None:
+    def progress(
+        self, p: Progress, rate: float | None, at: float, recovered: int | None = None, tokens: float | None = None
+    ) -> None:
         """The trainer's progress; ``recovered``: the attempt whose trainer just passed the furthest
-        step seen before it (a recovering run is running again)."""
+        step seen before it (a recovering run is running again); ``tokens``: its recent tokens/s."""
         more: dict[str, Any] = {}
         if recovered is not None:
             more["status"] = RunStatus.RUNNING
-            append_event(self.run_dir, "recovered", attempt=recovered, step=p.step)
-        update_state(self.run_dir, progress=p.to_dict(), steps_per_second=rate, progress_at=at, **more)
+            append_event(self.run_dir, Event.RECOVERED, attempt=recovered, step=p.step)
+        update_state(self.run_dir, progress=_progress(p, tokens), steps_per_second=rate, progress_at=at, **more)
 
     @_best_effort
-    def last_progress(self, p: Progress) -> None:
+    def last_progress(self, p: Progress, tokens: float | None = None) -> None:
         """The last lines of an attempt may have come while updates were throttled."""
-        update_state(self.run_dir, progress=p.to_dict())
+        update_state(self.run_dir, progress=_progress(p, tokens))
 
     @_best_effort
     def checkpoint(self, step: int, path: Path, best: int) -> None:
-        append_event(self.run_dir, "checkpoint", step=step, path=path.name)
+        append_event(self.run_dir, Event.CHECKPOINT, step=step, path=path.name)
         update_state(self.run_dir, last_checkpoint=step, best_checkpoint=best)
 
     @_best_effort
@@ -534,18 +545,18 @@ class RunJournal:
 
     @_best_effort
     def stalled(self, attempt: int, description: str, dump: str, stall: Mapping[str, Any]) -> None:
-        append_event(self.run_dir, "stalled", attempt=attempt, message=description, stacks=dump)
+        append_event(self.run_dir, Event.STALLED, attempt=attempt, message=description, stacks=dump)
         update_state(self.run_dir, stall=dict(stall))
 
     @_best_effort
     def partial_removed(self, names: list[str], freed: int) -> None:
         """ENOSPC: the partial folder of the failed save is removed (it can never be resumed)."""
-        append_event(self.run_dir, "partial_checkpoint_removed", names=names, bytes=freed)
+        append_event(self.run_dir, Event.PARTIAL_CHECKPOINT_REMOVED, names=names, bytes=freed)
 
     @_best_effort
     def gpu_waited(self, message: str, waited_s: float, released: bool) -> None:
         """Clean restarts: how long the next attempt waited for the old trainer's GPU memory."""
-        append_event(self.run_dir, "gpu_wait", message=message, waited_s=waited_s, released=released)
+        append_event(self.run_dir, Event.GPU_WAIT, message=message, waited_s=waited_s, released=released)
         self.say(f"ftlaunch: {message}")
 
     @_best_effort
@@ -555,13 +566,13 @@ class RunJournal:
     @_best_effort
     def exited(self, attempt: int, rc: int, ex: Exit, step: int | None) -> None:
         kind = ex.kind.value if ex.kind else "success"
-        append_event(self.run_dir, "exited", attempt=attempt, code=rc, kind=kind, message=ex.message, step=step)
+        append_event(self.run_dir, Event.EXITED, attempt=attempt, code=rc, kind=kind, message=ex.message, step=step)
 
     @_best_effort
     def retry(
         self, attempt: int, d: Decision, ex: Exit, values: Mapping[str, Any], trainer_env: Mapping[str, str]
     ) -> None:
-        append_event(self.run_dir, "retry", attempt=attempt, message=d.message, edits=d.edits)
+        append_event(self.run_dir, Event.RETRY, attempt=attempt, message=d.message, edits=d.edits)
         update_state(
             self.run_dir,
             status=RunStatus.RECOVERING,
@@ -613,7 +624,7 @@ class RunJournal:
             trainer_pid=None,
         )
         try:
-            append_event(self.run_dir, status.value, message=message, exit_code=code)
+            append_event(self.run_dir, Event.ended_as(status), message=message, exit_code=code)
         except OSError as exc:  # the end is in state.json: that is what counts
             self.unwritten.failed(exc, self.run_dir, records=1)
         return state

@@ -41,6 +41,7 @@ from typing import Any
 
 from ftlaunch.errors import ConfigError, NotifyConfigError, StateError
 from ftlaunch.files import home, now_iso
+from ftlaunch.run.events import Event
 from ftlaunch.run.secrecy import NOTIFY_KEY, scrub, secret_values
 
 EVENTS = (
@@ -583,7 +584,7 @@ class Notifier:
             spec = read_spec(run_dir, env)
         except NotifyConfigError as exc:  # notify.yaml went wrong since it was checked: said; the run goes on
             spec = _own_spec(run_dir).with_env(env)
-            _note(run_dir, "notify_config_error", message=exc.message)
+            _note(run_dir, Event.NOTIFY_CONFIG_ERROR, message=exc.message)
         except Exception:  # an unreadable secrets.json never stops a run
             spec = NotifySpec()
         return cls(run_dir, spec, env, **kw)
@@ -675,14 +676,14 @@ class Notifier:
             time.sleep(0.1)
 
     def _record(self, job: _Job, err: str | None) -> None:
-        from ftlaunch.run.store import append_event
+        from ftlaunch.run.transitions import note
 
         target = self.targets[job.target]
         latency = round(time.time() - float(job.msg.get("seen_at") or time.time()), 3)
         try:
-            append_event(
+            note(
                 self.run_dir,
-                "notified",
+                Event.NOTIFIED,
                 notice=job.msg.get("event"),
                 target=redact_target(target),
                 ok=err is None,
@@ -722,15 +723,16 @@ def notice_lost(
     """A run found lost by a command (its supervisor, pid ``pid``, died without an end): tell its
     destinations once per dead supervisor, through the detached child (the command never waits).
     True when a notice went out now."""
-    from ftlaunch.run.store import append_event, read_events
+    from ftlaunch.run.store import read_events
+    from ftlaunch.run.transitions import note
 
     try:
         spec = read_spec(run_dir, env)
         if "lost" not in spec.events():
             return False
-        if any(e["event"] == "lost_noticed" and e.get("pid") == pid for e in read_events(run_dir)):
+        if any(e["event"] == Event.LOST_NOTICED and e.get("pid") == pid for e in read_events(run_dir)):
             return False
-        append_event(run_dir, "lost_noticed", pid=pid)
+        note(run_dir, Event.LOST_NOTICED, pid=pid)
         msg = message(run_dir, "lost", {"supervisor_pid": pid}, env, hidden=spec.secret_values())
         msg["seen_at"] = time.time()
         wanted = [i for i in range(len(spec.destinations())) if spec.wants(i, "lost")]
@@ -774,11 +776,11 @@ def notice_forecast(
     return notice(run_dir, env, "disk_forecast", details, spawn)
 
 
-def _note(run_dir: Path, event: str, **fields: Any) -> None:
-    from ftlaunch.run.store import append_event
+def _note(run_dir: Path, event: Event, **fields: Any) -> None:
+    from ftlaunch.run.transitions import note
 
     try:
-        append_event(run_dir, event, **fields)
+        note(run_dir, event, **fields)
     except OSError:
         pass
 

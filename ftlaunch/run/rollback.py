@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.plan.memory.prediction import MemoryPrediction
+from ftlaunch.run import transitions as journal
 from ftlaunch.run.checkpoints import set_aside_incomplete
+from ftlaunch.run.events import Event
 from ftlaunch.run.health import (
     Checkpoint,
     Decision,
@@ -49,7 +51,7 @@ from ftlaunch.run.health import (
     weights_verdict,
 )
 from ftlaunch.run.progress import checkpoint_dirs, checkpoint_problems
-from ftlaunch.run.store import append_event, read_events, read_plan, read_state, update_state
+from ftlaunch.run.store import read_events, read_plan, read_state
 
 # llamafactory refuses to start from scratch in an output_dir holding one of these (CHECKPOINT_NAMES).
 FINAL_WEIGHTS = (
@@ -318,7 +320,7 @@ class HealthWatch:
         self.loss_steps: list[int | None] = []
         self.merged = 0
         self.known_bad = {}
-        self._write(update_state, self.run_dir, health=self.verdict.to_dict())
+        self._write(journal.health_judged, self.run_dir, self.verdict.to_dict())
 
     def console(self, line: str) -> None:
         """One line of the trainer's output (called from the log pump thread): keep its grad_norms."""
@@ -355,13 +357,13 @@ class HealthWatch:
         """Record a change of health; a new divergence once (event, state, a marker in train.log)."""
         v = self.verdict
         if v.health is not before:
-            self._write(update_state, self.run_dir, health=v.to_dict())
+            self._write(journal.health_judged, self.run_dir, v.to_dict())
         if v.diverged and before is not Health.DIVERGED:
             b = v.first_bad
             self._write(
-                append_event,
+                journal.note,
                 self.run_dir,
-                "diverged",
+                Event.DIVERGED,
                 step=b.step,
                 signal=b.signal.value,
                 values=b.values,
@@ -398,9 +400,9 @@ class HealthWatch:
                 first = bad[0]
                 self.verdict = weights_verdict(self.verdict, first.step, first.name, first.why)
         self._write(
-            append_event,
+            journal.note,
             self.run_dir,
-            "end_judged",
+            Event.END_JUDGED,
             healthy=not self.verdict.diverged,
             scanned=scanned,
             weight_scan_s=round(time.monotonic() - t0, 3),
@@ -421,9 +423,9 @@ class HealthWatch:
         """Remedies of the rollbacks since the run was created or last resumed by hand (a resume refills them)."""
         done: list[str] = []
         for ev in read_events(self.run_dir):
-            if ev.get("event") == "resumed":
+            if ev.get("event") == Event.RESUMED:
                 done = []
-            elif ev.get("event") == "rolled_back":
+            elif ev.get("event") == Event.ROLLED_BACK:
                 done.append(str(ev.get("remedy")))
         return done
 
@@ -449,9 +451,9 @@ class HealthWatch:
         d = replace(d, message=f"{d.message}; {aside_tail(d, listed, kept, older)}")
         if d.action is Response.ROLLBACK:
             self._write(
-                append_event,
+                journal.note,
                 self.run_dir,
-                "rolled_back",
+                Event.ROLLED_BACK,
                 resume_from=d.resume_from,
                 edits=d.edits,
                 message=d.message,
@@ -459,13 +461,7 @@ class HealthWatch:
                 weight_scan_s=round(scanned, 3),
             )
         target = next((s for s, p in complete if p.name == d.resume_from), None)  # set-aside ones are gone
-        self._write(
-            update_state,
-            self.run_dir,
-            health=self.verdict.to_dict(),
-            diverged=self.verdict.to_dict(),
-            last_checkpoint=target,
-        )
+        self._write(journal.divergence_handled, self.run_dir, self.verdict.to_dict(), target)
         self.say(f"ftlaunch: {d.message}")
         return d
 
@@ -515,7 +511,7 @@ class HealthWatch:
         moved += [f"{a.name} -> {a.moved_to}" for a in partial]
         listed += [f"{a.name} -> {a.moved_to} (incomplete: {'; '.join(a.problems)})" for a in partial]
         if moved:
-            self._write(append_event, self.run_dir, "checkpoint_set_aside", reason="diverged", moved=moved)
+            self._write(journal.note, self.run_dir, Event.CHECKPOINT_SET_ASIDE, reason="diverged", moved=moved)
         aside = {name for name, _ in d.set_aside}
         kept = [c.name for c in sorted(cks, key=lambda c: c.step) if c.name not in aside]
         older = [p.name for _, p in checkpoint_dirs(out) if p.name not in kept]  # incomplete ones still there

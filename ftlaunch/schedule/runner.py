@@ -254,7 +254,8 @@ def _notify(
         return None
     err = notifier(rec.notify, s.to_json(), env)
     if run_dir is not None:
-        from ftlaunch.run.store import append_event
+        from ftlaunch.run.events import Event
+        from ftlaunch.run.transitions import note
 
-        append_event(run_dir, "notified", target=redact_target(rec.notify), ok=err is None, error=err)
+        note(run_dir, Event.NOTIFIED, target=redact_target(rec.notify), ok=err is None, error=err)
     return err

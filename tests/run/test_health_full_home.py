@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ftlaunch.run import rollback
+from ftlaunch.run import rollback, transitions
 from ftlaunch.run.journal import RunJournal
 from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import write_state
@@ -31,8 +31,8 @@ def test_a_divergence_halts_the_trainer_though_no_record_of_it_can_be_written(ru
     journal = RunJournal(run_dir)
     values = {"learning_rate": 1e-3, "output_dir": str(tmp_path / "out")}
     watch = rollback.HealthWatch(run_dir, values, {}, lambda _text: None, journal.write)
-    monkeypatch.setattr(rollback, "update_state", _refuse)
-    monkeypatch.setattr(rollback, "append_event", _refuse)
+    monkeypatch.setattr(transitions, "update_state", _refuse)  # the journal's writers
+    monkeypatch.setattr(transitions, "append_event", _refuse)
     watch.start()  # its state write fails: counted, not raised
     assert not watch.feed([{"current_steps": 1, "loss": 2.0}])
     assert watch.feed([{"current_steps": 2, "loss": float("nan")}]) and watch.halt
@@ -43,6 +43,6 @@ def test_a_divergence_halts_the_trainer_though_no_record_of_it_can_be_written(ru
 def test_without_the_journal_a_refused_write_still_raises(run_dir, tmp_path, monkeypatch):
     """The default writer is the plain one (tests and tools that want the error see it)."""
     watch = rollback.HealthWatch(run_dir, {"output_dir": str(tmp_path / "out")}, {}, lambda _text: None)
-    monkeypatch.setattr(rollback, "update_state", _refuse)
+    monkeypatch.setattr(transitions, "update_state", _refuse)  # the journal's writers
     with pytest.raises(OSError):
         watch.start()

@@ -1,13 +1,13 @@
 """The Slurm engine: the run's supervisor in a Slurm batch job (ftlaunch.run.slurm: the job script,
 the batch step, the Slurm commands).
 
-It plans for the nodes' GPUs together (``--gpu A100-80GBx8 --nodes 2`` is 16 GPUs) and spreads a CPU
-plan over the nodes, one process each; `start_run` then checks that plan as for any run, creates the
-run and hands it here: the output_dir lock is let go (the job's supervisor takes it again on the
-batch host), job.sbatch and srun-trainer.sh are written and submitted; a submission sbatch refuses
-leaves nothing behind. Status is Slurm's word while it holds the job (queued, starting), the
-supervisor's once it runs; stop is scancel (after a `stop_requested` event the batch step reads);
-resume from a login node submits job.sbatch again.
+It asks the planner for the job's nodes (``--gpu A100-80GBx8 --nodes 2``: two nodes of 8 GPUs; the
+planner plans nodes x processes per node, on CPU nodes too) and takes its plan as final; `start_run`
+checks that plan as for any run, creates the run and hands it here: the output_dir lock is let go
+(the job's supervisor takes it again on the batch host), job.sbatch and srun-trainer.sh are written
+and submitted; a submission sbatch refuses leaves nothing behind. Status is Slurm's word while it
+holds the job (queued, starting), the supervisor's once it runs; stop is scancel (after a
+`stop_requested` event the batch step reads); resume from a login node submits job.sbatch again.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ftlaunch.errors import BusyError, StateError
 from ftlaunch.run import progress as prog
+from ftlaunch.run import transitions as journal
 from ftlaunch.run.engines.base import Created, EngineStatus, Resumed, ResumeOutcome, Started
+from ftlaunch.run.events import Event
 from ftlaunch.run.slurm import sbatch as slurm
-from ftlaunch.run.slurm.submit import cluster_gpu_spec, cpu_nodes_plan, write_and_submit
+from ftlaunch.run.slurm.submit import one_node_named, write_and_submit
 from ftlaunch.run.state import RunState, RunStatus
-from ftlaunch.run.store import RunFolder, append_event, read_state, update_state
+from ftlaunch.run.store import RunFolder, read_state
 from ftlaunch.run.trainer import find_trainer
 
 if TYPE_CHECKING:
@@ -48,20 +50,23 @@ class Slurm:
         return self.job
 
     def request(self, req: PlanRequest) -> PlanRequest:
-        """The machine of all the nodes: `--gpu CARDxN --nodes M` plans CARDx(N*M); --gpu none: CPU nodes."""
-        spec, _per_node = cluster_gpu_spec(req.gpu, self._job().nodes)
-        return replace(req, gpu=spec)
+        """The job's machine: `--nodes M` nodes of the one `--gpu` names (CARDxN, or none: CPU nodes)."""
+        one_node_named(req.gpu)
+        return replace(req, nodes=self._job().nodes)
 
     def adapt(self, p: Plan) -> Plan:
-        """CPU nodes: one process each, the global batch kept over them (gloo)."""
-        return cpu_nodes_plan(p, self._job().nodes) if not p.hardware.gpus else p
+        """Nothing: the planner planned the nodes x processes per node; its plan is final."""
+        return p
 
     def launch(self, created: Created, env: Mapping[str, str]) -> Started:
         """Write job.sbatch and srun-trainer.sh and sbatch them; a refused submission removes the run."""
         if created.lock is not None:
             created.lock.close()  # the job's supervisor takes it on the batch host
         job = self._job()
-        job = replace(job, gpus_per_node=created.plan.hardware.gpu_count // job.nodes)
+        p = created.plan  # the layout is the plan's: its nodes (one for a one-process config), each node's GPUs
+        job = replace(
+            job, nodes=p.nodes, gpus_per_node=p.hardware.gpus_per_node, processes_per_node=p.processes_per_node
+        )
         try:
             trainer = find_trainer(env)
             job_id, notes = write_and_submit(created.run_dir, created.plan, job, trainer, env, self.cwd or ".")
@@ -77,9 +82,9 @@ class Slurm:
         command answers, the recorded status stands (it may be alive: fail closed). The local pid
         says nothing here: the supervisor runs on the job's first node."""
         recorded = state.status
-        if not state.slurm_job_id:
+        if not state.job.submitted:
             return EngineStatus(recorded)  # never submitted
-        info = slurm.query_job(state.slurm_job_id, env)
+        info = slurm.query_job(str(state.job.id), env)
         job_state = info.state
         if not info.known:
             return EngineStatus(recorded)
@@ -94,7 +99,7 @@ class Slurm:
     def stop(self, run_dir: Path, state: RunState, env: Mapping[str, str], grace: float) -> str | None:
         """scancel the run's job while Slurm holds it: its batch step stops the supervisor, which
         stops the trainer gracefully. None when the job is over (then stop as any run)."""
-        job = state.slurm_job_id
+        job = state.job.id
         if not job:
             return None
         job_state = slurm.job_state(job, env)
@@ -102,11 +107,11 @@ class Slurm:
             return None
         # Before the scancel: the batch step reads it to tell this stop from Slurm's own SIGTERM
         # (a requeue or a preemption), which must never read as a user's stop.
-        append_event(run_dir, "stop_requested", job_id=job, slurm_state=job_state)
+        journal.note(run_dir, Event.STOP_REQUESTED, job_id=job, slurm_state=job_state)
         slurm.cancel(job, env)
-        append_event(run_dir, "scancel", job_id=job, slurm_state=job_state)
+        journal.note(run_dir, Event.SCANCEL, job_id=job, slurm_state=job_state)
         if job_state in slurm.QUEUED_STATES:
-            update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="cancelled while queued")
+            journal.stopped(run_dir, "cancelled while queued")
             return f"run {run_dir.name}: Slurm job {job} cancelled while {job_state.lower()}"
         # Done when the supervisor has recorded the stop and Slurm has let the job go: until then a
         # stopped supervisor inside a still-active job reads as a job about to be requeued.
@@ -134,9 +139,9 @@ class Slurm:
         job.sbatch is submitted again (same run directory; the job resumes from the last complete
         checkpoint). A job Slurm cannot answer for may be alive: refused, nothing submitted. Inside
         the run's own job (the batch step's `resume --foreground`): None, restart here."""
-        if not state.slurm_job_id or env.get("SLURM_JOB_ID") == state.slurm_job_id:
+        if not state.job.id or env.get("SLURM_JOB_ID") == state.job.id:
             return None
-        job = str(state.slurm_job_id)
+        job = state.job.id
         info = slurm.query_job(job, env)
         if not info.known:
             raise BusyError(
@@ -158,23 +163,16 @@ class Slurm:
         last = prog.last_complete_checkpoint(Path(state.output_dir or ""))
         new_job = slurm.submit(RunFolder(run_dir).job_script, {**env, **({} if cwd is None else {"PWD": str(cwd)})})
         frm = last[1].name if last else "the start"
-        update_state(
+        journal.resubmitted(
             run_dir,
-            status=RunStatus.QUEUED,
-            slurm_job_id=new_job,
-            budget=state.budget.refilled(),
-            pid=None,
-            trainer_pid=None,
-            failure_kind=None,
-            exit_code=None,
-            ended=None,
-            allow_env_change=allow_env_change or None,  # the job's supervisor compares on its node
+            state,
+            new_job,
+            previous_job=job,
+            allow_env_change=allow_env_change,  # the job's supervisor compares on its node
             message=f"resubmitted as Slurm job {new_job}; resumes from {frm} when it runs",
+            slurm_state=info.state,
+            from_checkpoint=last[1].name if last else None,
         )
-        append_event(
-            run_dir, "resubmitted", job_id=new_job, previous_job=job, previous=state.status.value,
-            slurm_state=info.state, from_checkpoint=last[1].name if last else None,
-        )  # fmt: skip
         return Resumed(ResumeOutcome.RESUBMITTED, job=new_job)
 
 

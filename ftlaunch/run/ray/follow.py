@@ -29,12 +29,14 @@ from pathlib import Path
 
 from ftlaunch.errors import FtlaunchError
 from ftlaunch.run import progress as prog
+from ftlaunch.run import transitions as journal
+from ftlaunch.run.events import Event
 from ftlaunch.run.procs import start_time
 from ftlaunch.run.ray import jobs
 from ftlaunch.run.ray.record import RayRecord, Submission, read_record, write_record
 from ftlaunch.run.recovery import NO_PROGRESS_LIMIT
 from ftlaunch.run.state import RunState, RunStatus
-from ftlaunch.run.store import append_event, read_events, read_state, update_state
+from ftlaunch.run.store import read_events, read_state
 
 
 class Step(StrEnum):
@@ -55,7 +57,7 @@ class Next:
 
 
 def stop_was_requested(events: list[dict], submission_id: str | None) -> bool:
-    return any(e.get("event") == "stop_requested" and e.get("submission_id") == submission_id for e in events)
+    return any(e.get("event") == Event.STOP_REQUESTED and e.get("submission_id") == submission_id for e in events)
 
 
 def next_step(
@@ -136,15 +138,15 @@ def follow(
         if n.step is Step.UNREACHABLE:
             if unreachable_since is None:
                 unreachable_since = clock()
-                append_event(run_dir, "engine_unreachable", submission_id=sub.id, address=record.address)
+                journal.note(run_dir, Event.ENGINE_UNREACHABLE, submission_id=sub.id, address=record.address)
             elif clock() - unreachable_since > unreachable_for:
-                append_event(run_dir, "follower_gave_up", submission_id=sub.id, waited_s=round(unreachable_for))
+                journal.note(run_dir, Event.FOLLOWER_GAVE_UP, submission_id=sub.id, waited_s=round(unreachable_for))
                 return read_state(run_dir).status
             sleep(poll)
             continue
         if unreachable_since is not None:
             unreachable_since = None
-            append_event(run_dir, "engine_reachable", submission_id=sub.id)
+            journal.note(run_dir, Event.ENGINE_REACHABLE, submission_id=sub.id)
         if n.step is Step.WAIT:
             sleep(poll)
             continue
@@ -179,20 +181,14 @@ def _next_of(run_dir: Path, record: RayRecord, sub: Submission, state: RunState)
 
 def _record_end(run_dir: Path, sub: Submission, n: Next, status: RunStatus, info: jobs.JobInfo | None) -> None:
     """The attempt's end in the run's state and events."""
-    ended = None if status is RunStatus.RECOVERING else time.time()
-    changes = {"status": status, "message": n.message, "ended": ended}
-    if n.no_progress is not None:
-        changes["no_progress_attempts"] = n.no_progress
-    update_state(run_dir, **changes)
-    append_event(
-        run_dir,
-        "ray_job_ended",
-        submission_id=sub.id,
-        job_status=info.status if info else None,
-        driver_exit_code=info.driver_exit_code if info else None,
-        status=status.value,
-        message=n.message,
-    )
+    said = {
+        "submission_id": sub.id,
+        "job_status": info.status if info else None,
+        "driver_exit_code": info.driver_exit_code if info else None,
+        "status": status.value,
+        "message": n.message,
+    }
+    journal.job_ended(run_dir, Event.RAY_JOB_ENDED, said, status=status, message=n.message, no_progress=n.no_progress)
 
 
 def _resubmit(
@@ -203,8 +199,8 @@ def _resubmit(
         resubmit(run_dir, env, "driver died")
     except FtlaunchError as exc:
         message = f"the next attempt could not be submitted: {exc.message}"
-        update_state(run_dir, status=RunStatus.FAILED, message=message, ended=time.time())
-        append_event(run_dir, "ray_resubmit_failed", message=message)
+        said = {"message": message}
+        journal.job_ended(run_dir, Event.RAY_RESUBMIT_FAILED, said, status=RunStatus.FAILED, message=message)
         return RunStatus.FAILED
     return None
 

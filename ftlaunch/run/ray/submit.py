@@ -23,11 +23,13 @@ from pathlib import Path
 from ftlaunch.errors import BusyError
 from ftlaunch.files import home
 from ftlaunch.run import progress as prog
+from ftlaunch.run import transitions as journal
+from ftlaunch.run.events import Event
 from ftlaunch.run.procs import Liveness, liveness, spawn_detached
 from ftlaunch.run.ray import jobs
 from ftlaunch.run.ray.record import RayRecord, Submission, read_record, write_record
 from ftlaunch.run.state import RunState, RunStatus
-from ftlaunch.run.store import RunFolder, append_event, read_events, read_state, update_state
+from ftlaunch.run.store import RunFolder, read_events, read_state
 from ftlaunch.run.trainer import SECRET_ENV, public_env
 
 SUBMISSION_ENV = "FTLAUNCH_RAY_SUBMISSION"
@@ -81,7 +83,7 @@ def submit_attempt(run_dir: Path, env: Mapping[str, str], why: str) -> str:
     record = read_record(run_dir)
     state = read_state(run_dir)
     sid = record.next_id(run_dir.name)
-    first = not any(e.get("event") == "attempt_started" for e in read_events(run_dir))
+    first = not any(e.get("event") == Event.ATTEMPT_STARTED for e in read_events(run_dir))
     python = os.path.abspath(sys.executable)
     last = prog.last_complete_checkpoint(Path(state.output_dir or "."))
     resume_from = None if first or last is None else last[1].name
@@ -97,7 +99,9 @@ def submit_attempt(run_dir: Path, env: Mapping[str, str], why: str) -> str:
         num_gpus=record.gpus,
         metadata={"ftlaunch_run": run_dir.name, "attempt_of": why},
     )
-    append_event(run_dir, "ray_submitted", submission_id=sid, address=record.address, why=why, resume_from=resume_from)
+    journal.note(
+        run_dir, Event.RAY_SUBMITTED, submission_id=sid, address=record.address, why=why, resume_from=resume_from
+    )
     return sid
 
 
@@ -108,7 +112,7 @@ def first_submission(run_dir: Path, env: Mapping[str, str], address: str, plan_e
     env_vars = job_env(env, plan_env, os.path.abspath(sys.executable))
     write_record(run_dir, RayRecord(address=address, cpus=cpus, gpus=gpus, env_vars=env_vars))
     RunFolder(run_dir).train_log.touch()  # `logs -f` works while the job is pending
-    update_state(run_dir, status=RunStatus.QUEUED, message=f"submitted to the Ray cluster at {address}")
+    journal.queued(run_dir, f"submitted to the Ray cluster at {address}")
     return submit_attempt(run_dir, env, "start")
 
 
@@ -153,9 +157,9 @@ def stop_job(run_dir: Path, grace: float = 30.0, poll: float = 0.2) -> str:
     if state.status.is_terminal():
         return f"run {run_dir.name} already {state.status.value}"
     if sub is None:
-        update_state(run_dir, status=RunStatus.STOPPED, ended=time.time(), message="stopped by the user")
+        journal.stopped(run_dir, "stopped by the user")
         return f"run {run_dir.name} stopped (never submitted)"
-    append_event(run_dir, "stop_requested", submission_id=sub.id)
+    journal.note(run_dir, Event.STOP_REQUESTED, submission_id=sub.id)
     jobs.stop(record.address, sub.id)
     deadline = time.monotonic() + grace
     info = jobs.job(record.address, sub.id)
@@ -163,10 +167,8 @@ def stop_job(run_dir: Path, grace: float = 30.0, poll: float = 0.2) -> str:
         time.sleep(poll)
         info = jobs.job(record.address, sub.id)
     if not read_state(run_dir).status.is_terminal():
-        update_state(
-            run_dir, status=RunStatus.STOPPED, ended=time.time(), message=f"stopped by the user (job {sub.id})"
-        )
-    append_event(run_dir, "stopped", submission_id=sub.id, job_status=info.status)
+        journal.stopped(run_dir, f"stopped by the user (job {sub.id})")
+    journal.note(run_dir, Event.STOPPED, submission_id=sub.id, job_status=info.status)
     return f"run {run_dir.name} stopped (Ray job {sub.id} {info.status.lower()})"
 
 
@@ -194,18 +196,9 @@ def resubmit_by_hand(
         return None
     edit()
     state = read_state(run_dir)
-    update_state(
-        run_dir,
-        status=RunStatus.QUEUED,
-        budget=state.budget.refilled(),
-        no_progress_attempts=0,
-        failure_kind=None,
-        exit_code=None,
-        ended=None,
-        message=None,
-    )
+    journal.resubmitting(run_dir, state)
     sid = submit_attempt(run_dir, env, "resume")
-    append_event(run_dir, "resumed", previous=state.status.value, submission_id=sid)
+    journal.note(run_dir, Event.RESUMED, previous=state.status.value, submission_id=sid)
     if not follower_alive(read_record(run_dir)):
         start_follower(run_dir, env)
     return sid

@@ -29,9 +29,11 @@ from pathlib import Path
 from types import FrameType
 
 from ftlaunch.errors import FtlaunchError, StateError
+from ftlaunch.run import transitions as journal
+from ftlaunch.run.events import Event
 from ftlaunch.run.slurm import sbatch as slurm
 from ftlaunch.run.state import FailureKind, RunStatus
-from ftlaunch.run.store import append_event, read_events, read_state, update_state
+from ftlaunch.run.store import read_events, read_state
 
 
 class Flags:
@@ -50,7 +52,7 @@ class Flags:
 
 def child_command(run_dir: Path, python: str) -> list[str]:
     """The supervisor for a run that never started; else a foreground resume (a requeued job)."""
-    started = any(e.get("event") == "attempt_started" for e in read_events(run_dir))
+    started = any(e.get("event") == Event.ATTEMPT_STARTED for e in read_events(run_dir))
     if not started:
         return [python, "-m", "ftlaunch.run.supervisor", str(run_dir)]
     return [python, "-m", "ftlaunch", "resume", run_dir.name, "--foreground", "--no-follow"]
@@ -69,14 +71,14 @@ def _stays_down(run_dir: Path) -> int | None:
         return None
     if state.status not in _STAY_DOWN:
         return None
-    append_event(run_dir, "slurm_not_resumed", status=state.status.value, message=state.message)
+    journal.note(run_dir, Event.SLURM_NOT_RESUMED, status=state.status.value, message=state.message)
     print(f"ftlaunch: run {run_dir.name} ended {state.status.value}: not resumed ({state.message})", file=sys.stderr)
     return state.status.exit_code()
 
 
 def stop_requested(events: list[dict], job_id: str | None) -> bool:
     """`ftlaunch stop` asked for this job's end (pure: over the run's events)."""
-    return any(e.get("event") == "stop_requested" and str(e.get("job_id")) == str(job_id) for e in events)
+    return any(e.get("event") == Event.STOP_REQUESTED and str(e.get("job_id")) == str(job_id) for e in events)
 
 
 def signal_for_supervisor(events: list[dict], job_id: str | None) -> int:
@@ -86,21 +88,21 @@ def signal_for_supervisor(events: list[dict], job_id: str | None) -> int:
     return signal.SIGTERM if stop_requested(events, job_id) else signal.SIGUSR2
 
 
-def ended_by_slurm(info: slurm.JobInfo, restart_count: int, run_id: str) -> tuple[RunStatus, str, str]:
+def ended_by_slurm(info: slurm.JobInfo, restart_count: int, run_id: str) -> tuple[RunStatus, str, Event]:
     """What a SIGTERM that ftlaunch did not ask for was: (status, message, event). Pure."""
     if info.restarts is not None and info.restarts > restart_count:
         return (
             RunStatus.QUEUED,
             "requeued by Slurm (scontrol requeue, preemption or a node failure); resumes from the last "
             "complete checkpoint when the job runs again",
-            "requeued_by_slurm",
+            Event.REQUEUED_BY_SLURM,
         )
     what = "preempted" if info.state == "PREEMPTED" else f"ended by Slurm ({info.state or 'state unknown'})"
     return (
         RunStatus.LOST,
         f"{what}, not by `ftlaunch stop`; `ftlaunch resume {run_id}` submits it again "
         "from the last complete checkpoint",
-        "ended_by_slurm",
+        Event.ENDED_BY_SLURM,
     )
 
 
@@ -116,7 +118,7 @@ def _master_addr(run_dir: Path, env: dict[str, str]) -> str | None:
         chosen = slurm.choose_master_addr(node, given, () if given else slurm.node_addresses(node, env))
     except FtlaunchError as exc:
         return exc.message
-    append_event(run_dir, "master_addr", addr=chosen.addr, how=chosen.how)
+    journal.note(run_dir, Event.MASTER_ADDR, addr=chosen.addr, how=chosen.how)
     if chosen.addr is None:
         return chosen.how
     env["MASTER_ADDR"] = chosen.addr
@@ -126,10 +128,9 @@ def _master_addr(run_dir: Path, env: dict[str, str]) -> str | None:
 
 def _fail(run_dir: Path, why: str) -> int:
     message = f"rendezvous: {why}"
-    update_state(
-        run_dir, status=RunStatus.FAILED, failure_kind=FailureKind.RENDEZVOUS, message=message, ended=time.time()
-    )
-    append_event(run_dir, "ended", status=RunStatus.FAILED.value, failure_kind=FailureKind.RENDEZVOUS.value)
+    kind, status = FailureKind.RENDEZVOUS, RunStatus.FAILED
+    said = {"status": status.value, "failure_kind": kind.value}
+    journal.job_ended(run_dir, Event.ENDED, said, status=status, message=message, failure_kind=kind)
     print(f"ftlaunch: run {run_dir.name} failed before the trainer started: {message}", flush=True)
     return RunStatus.FAILED.exit_code()
 
@@ -147,8 +148,8 @@ def _after_term(run_dir: Path, job: Mapping[str, str], env: Mapping[str, str]) -
         return  # it ended on its own (succeeded, failed...) before the signal landed
     info = slurm.query_job(job_id, env)
     status, message, event = ended_by_slurm(info, int(job.get("SLURM_RESTART_COUNT") or 0), run_dir.name)
-    update_state(run_dir, status=status, message=message, ended=None if status is RunStatus.QUEUED else time.time())
-    append_event(run_dir, event, job_id=job_id, slurm_state=info.state, restarts=info.restarts, status=status.value)
+    said = {"job_id": job_id, "slurm_state": info.state, "restarts": info.restarts, "status": status.value}
+    journal.job_ended(run_dir, event, said, status=status, message=message)
 
 
 def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
@@ -162,8 +163,7 @@ def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
     signal.signal(signal.SIGUSR1, flags.on_usr1)
     signal.signal(signal.SIGTERM, flags.on_term)
     job = slurm.slurm_env(env)
-    append_event(run_dir, "slurm_job_started", **{k.lower(): v for k, v in job.items()})
-    update_state(run_dir, slurm_job=job)
+    journal.job_started(run_dir, job)
     if (held := _stays_down(run_dir)) is not None:
         return held
     if (why := _master_addr(run_dir, env)) is not None:
@@ -177,19 +177,16 @@ def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
             sig = signal.SIGUSR2  # the time limit near: Slurm's, as a requeue or a preemption is
             if flags.term and not flags.usr1:  # `ftlaunch stop`'s (a user's stop), or Slurm's own
                 sig = signal_for_supervisor(read_events(run_dir), job.get("SLURM_JOB_ID"))
-            append_event(run_dir, "slurm_signal", why=why, by="ftlaunch stop" if sig == signal.SIGTERM else "slurm")
+            journal.note(run_dir, Event.SLURM_SIGNAL, why=why, by="ftlaunch stop" if sig == signal.SIGTERM else "slurm")
             child.send_signal(sig)  # the supervisor stops the trainer's group gracefully
             forwarded = True
         time.sleep(poll)
     code = child.returncode
     if flags.usr1 and not flags.term and job.get("SLURM_JOB_ID") and _stays_down(run_dir) is None:
-        ok = slurm.requeue(job["SLURM_JOB_ID"], env)
-        append_event(run_dir, "requeued" if ok else "requeue_failed", job_id=job["SLURM_JOB_ID"])
-        if ok:
-            update_state(
-                run_dir, status=RunStatus.QUEUED, message="requeued before the time limit; resumes when it runs"
-            )
+        if slurm.requeue(job["SLURM_JOB_ID"], env):
+            journal.requeued(run_dir, job["SLURM_JOB_ID"])
             return 0
+        journal.note(run_dir, Event.REQUEUE_FAILED, job_id=job["SLURM_JOB_ID"])
     elif flags.term and not flags.usr1:
         _after_term(run_dir, job, env)
     return code
