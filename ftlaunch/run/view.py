@@ -17,7 +17,6 @@ from pathlib import Path
 
 from ftlaunch.errors import FtlaunchError, RunNotFoundError, StateError
 from ftlaunch.probe.usage import gpu_memory_of
-from ftlaunch.run import progress as prog
 from ftlaunch.run.engines import of_state
 from ftlaunch.run.journal import read_last_word
 from ftlaunch.run.procs import Liveness, liveness
@@ -51,7 +50,8 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
 
 
 def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, now) -> CostView:
-    """tokens/s of this attempt and GPU-hours so far / projected, from the run's own records."""
+    """tokens/s of this attempt (as its supervisor stored it) and GPU-hours so far / projected, from the
+    run's own records."""
     from ftlaunch.run import accounting as acc
 
     gpus = int(state.gpu_count or 0)
@@ -62,11 +62,9 @@ def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, 
     busy = acc.busy_seconds(spans)
     so_far = acc.gpu_hours(busy, gpus)
     left = acc.projected_hours(step, total, rate) if live else 0.0
-    tokens_per_second = None
-    out_dir = Path(state.output_dir or "")
-    if live and (out_dir / "trainer_log.jsonl").exists():
-        records = prog.parse_trainer_log((out_dir / "trainer_log.jsonl").read_text(errors="replace"))
-        tokens_per_second = acc.recent_rates(records).get("tokens_per_second")
+    # What the supervisor measured and stored (ftlaunch.run.watch.progress): trainer_log.jsonl, as long
+    # as the run, is never read here.
+    tokens_per_second = state.progress.tokens_per_second if live and state.progress else None
     return CostView(
         tokens_per_second=tokens_per_second,
         wall_seconds=round(busy, 1),
