@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from ftlaunch.errors import StateError
+from ftlaunch.run.events import Event
 from ftlaunch.run.records import MARK
 from ftlaunch.run.recovery import is_v1
 from ftlaunch.run.store import RunFolder, json_lines, list_runs, read_state
@@ -71,7 +72,7 @@ def losses_of(records: bytes) -> tuple[float, ...]:
 
 
 def restarts_of(events: Iterable[Mapping[str, Any]]) -> int:
-    return sum(1 for e in events if e.get("event") == "retry")
+    return sum(1 for e in events if e.get("event") == Event.RETRY)
 
 
 def event_line(events: list[Mapping[str, Any]]) -> str:
@@ -142,7 +143,7 @@ def _all_restarts(folder: RunFolder) -> int:
     """Restarts of a run whose events outgrew the tail: counted on the whole file, as bytes (cheap;
     store.append_event writes json.dumps's default separators)."""
     try:
-        return folder.events.read_bytes().count(json.dumps({"event": "retry"})[1:-1].encode())
+        return folder.events.read_bytes().count(json.dumps({"event": Event.RETRY.value})[1:-1].encode())
     except OSError:
         return 0
 

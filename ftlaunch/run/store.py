@@ -11,7 +11,7 @@ Layout of ``$FTLAUNCH_HOME/runs/<id>/``:
   train.log            trainer stdout+stderr, all attempts appended
   state.json           versioned, replaced atomically (temp file in the same folder, then rename)
   .state.lock          the flock of one read-modify-write of state.json
-  events.jsonl         append-only: started, progress, checkpoint, exited, stopped, resumed, ...
+  events.jsonl         append-only, named by ftlaunch.run.events.Event: attempt_started, checkpoint, exited, ...
   trainer_records.jsonl the trainer's own records, as it logs them (ftlaunch.run.records)
   environment/         attempt-N.json: the trainer's environment per attempt (ftlaunch.run.environment)
   stacks/              attempt-N-<UTC>.txt: stacks of a stalled trainer
@@ -40,6 +40,7 @@ from ftlaunch.errors import StateError, StateVersionError
 from ftlaunch.files import home_folder, now_iso, to_json, write_json_atomic, write_text_atomic
 from ftlaunch.locks import held
 from ftlaunch.plan.config import dump_yaml, read_header
+from ftlaunch.run.events import Event
 from ftlaunch.run.state import RunState
 
 SECRETS_FILE = "secrets.json"
@@ -232,6 +233,8 @@ def new_run_id(t: float | None = None) -> str:
 
 
 def append_event(run_dir: Path, event: str, **fields: Any) -> dict[str, Any]:
+    """Append one event. Only the journal calls it (ftlaunch.run.journal, ftlaunch.run.transitions:
+    tests/run/test_one_writer.py); ``event`` is an ``Event``."""
     rec = {"t": now_iso(), "event": event, **fields}
     # One write() of one line: concurrent appenders (supervisor, stop, resume) never interleave.
     line = (json.dumps(rec, default=str, ensure_ascii=False) + "\n").encode()
@@ -325,7 +328,8 @@ def update_state(run_dir: Path, **changes: Any) -> RunState:
     """Apply ``changes`` (RunState fields) to state.json atomically, under the state lock; returns the
     new state. A state this ftlaunch cannot read (corrupt, or of another version) is refused with
     StateError, never overwritten: it still holds the status, the output_dir and the retry budget.
-    Only a missing state.json is started afresh."""
+    Only a missing state.json is started afresh. Only the journal calls it (ftlaunch.run.journal,
+    ftlaunch.run.transitions)."""
     with state_lock(run_dir):
         try:
             state = read_state(run_dir)
@@ -362,7 +366,7 @@ def run_name(run_dir: Path) -> str | None:
     except StateError:
         pass
     for ev in read_events(run_dir):
-        if ev.get("event") == "created" and ev.get("name"):
+        if ev.get("event") == Event.CREATED and ev.get("name"):
             return str(ev["name"])
     return None
 
