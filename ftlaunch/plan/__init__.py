@@ -2,9 +2,9 @@
 
 Owns what a plan is and how it is made: reading and validating LLaMA-Factory configs (config,
 against the key schema config and v1 share: keyschema), what a machine has (hardware: values,
-catalog machines, parsers; the probe is in ftlaunch.probe; the GPU catalog itself: catalog), how a
-value reads as a flag (flags), a model's exact shape (modelspec),
-the GPU-memory model, micro-batch chooser, memory store and simulator (memory/), the one
+catalog machines, several alike nodes, parsers; the probe is in ftlaunch.probe; the GPU catalog
+itself: catalog), how a value reads as a flag (flags), a model's exact shape (modelspec), the
+GPU-memory model, micro-batch chooser, memory store and simulator (memory/), the one
 ``Change`` type (change), the one ZeRO-3 offload rule (offload), the batch arithmetic (batch), the
 planner itself (planner: config + hardware + options -> Plan), the final plan step that turns what
 the shells found (resolved paths, pre-downloaded model and datasets, the run it is for) into Changes

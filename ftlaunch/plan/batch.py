@@ -2,7 +2,7 @@
 
 ``divisors_desc`` lists the micro-batches that keep a per-device batch exact (the planner, the memory
 chooser and the OOM ladder all step down through them); ``split_batch`` picks one; ``devices_for`` is the
-largest device count over which a global batch divides exactly. Pure.
+largest device count over which a global batch divides exactly (on every node alike). Pure.
 """
 
 from __future__ import annotations
@@ -23,10 +23,13 @@ def split_batch(per_device: int, preferred_micro: int) -> tuple[int, int]:
     return micro, per_device // micro
 
 
-def devices_for(global_batch: int, devices: int) -> int:
-    """The largest device count <= ``devices`` over which ``global_batch`` divides exactly (1 always does):
-    the planner runs that many processes rather than change the global batch."""
-    return next(d for d in range(max(1, min(devices, global_batch)), 0, -1) if global_batch % d == 0)
+def devices_for(global_batch: int, devices: int, nodes: int = 1) -> int:
+    """The largest device count <= ``devices`` over which ``global_batch`` divides exactly, the same
+    number on each of ``nodes`` nodes (``devices`` is all of theirs): the planner runs that many
+    processes rather than change the global batch. On one node 1 always does; over several, 0 when
+    the global batch does not divide over the nodes themselves."""
+    per_node = max(1, min(devices // nodes, global_batch // nodes))
+    return next((nodes * k for k in range(per_node, 0, -1) if global_batch % (nodes * k) == 0), 0)
 
 
 def epoch_steps(rows: int, micro_batch: int, accumulation: int, world: int) -> tuple[int, int]:

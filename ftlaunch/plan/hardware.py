@@ -81,6 +81,9 @@ class Hardware:
     p2p_blocked: tuple[tuple[int, int], ...] = ()
     # Trainer processes offered on a machine without GPUs (``--gpu nonexN``): torchrun over gloo.
     cpu_processes: int = 1
+    # Alike nodes (a Slurm job's, `on_nodes`): ``gpus`` lists all their GPUs, node by node; host RAM,
+    # disk, ``cpu_processes`` and ``p2p_blocked`` are one node's.
+    nodes: int = 1
 
     @property
     def gpu_count(self) -> int:
@@ -88,8 +91,12 @@ class Hardware:
 
     @property
     def world_size(self) -> int:
-        """Processes the trainer will run: one per GPU; on a CPU-only machine ``cpu_processes``."""
-        return len(self.gpus) if self.gpus else max(1, self.cpu_processes)
+        """Processes the trainer can run: one per GPU; without GPUs ``cpu_processes`` on each node."""
+        return len(self.gpus) if self.gpus else max(1, self.cpu_processes) * self.nodes
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.gpus) // self.nodes
 
     @property
     def bf16(self) -> bool:
@@ -103,6 +110,10 @@ class Hardware:
         return "+".join(names)
 
     def describe(self) -> str:
+        if self.nodes > 1:
+            if not self.gpus:
+                return f"{self.nodes} CPU nodes ({max(1, self.cpu_processes)} process(es) each)"
+            return f"{self.nodes} nodes of {replace(self, gpus=self.gpus[: self.gpus_per_node], nodes=1).describe()}"
         if not self.gpus:
             return (
                 "no GPU (CPU only)" if self.cpu_processes <= 1 else f"no GPU (CPU only, {self.cpu_processes} processes)"
@@ -114,18 +125,22 @@ class Hardware:
         return f"{count}{g.name} ({g.total_gib:.0f} GiB{ccs})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "gpus": [g.to_dict() for g in self.gpus],
-            "source": self.source,
-            "driver_version": self.driver_version,
-            "host_ram_gib": self.host_ram_gib,
-            "host_available_gib": self.host_available_gib,
-            "disk_free_gib": self.disk_free_gib,
-            "cpu_count": self.cpu_count,
-            "versions": dict(self.versions),
-            "notes": list(self.notes),
-            "p2p_blocked": [list(p) for p in self.p2p_blocked],
-        } | ({"cpu_processes": self.cpu_processes} if self.cpu_processes != 1 else {})
+        return (
+            {
+                "gpus": [g.to_dict() for g in self.gpus],
+                "source": self.source,
+                "driver_version": self.driver_version,
+                "host_ram_gib": self.host_ram_gib,
+                "host_available_gib": self.host_available_gib,
+                "disk_free_gib": self.disk_free_gib,
+                "cpu_count": self.cpu_count,
+                "versions": dict(self.versions),
+                "notes": list(self.notes),
+                "p2p_blocked": [list(p) for p in self.p2p_blocked],
+            }
+            | ({"cpu_processes": self.cpu_processes} if self.cpu_processes != 1 else {})
+            | ({"nodes": self.nodes} if self.nodes != 1 else {})
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str | None = None) -> Hardware:
@@ -142,6 +157,7 @@ class Hardware:
                 notes=tuple(d.get("notes") or ()),
                 p2p_blocked=tuple((int(a), int(b)) for a, b in d.get("p2p_blocked") or ()),
                 cpu_processes=int(d.get("cpu_processes") or 1),
+                nodes=int(d.get("nodes") or 1),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise HardwareError(
@@ -284,6 +300,17 @@ def catalog_hardware(spec: str, host_ram_gib: float | None = None) -> Hardware:
     )
     blocked = () if card.p2p else all_pairs(count)
     return Hardware(gpus=gpus, source=f"catalog:{key}x{count}", host_ram_gib=host_ram_gib, p2p_blocked=blocked)
+
+
+def on_nodes(hw: Hardware, nodes: int) -> Hardware:
+    """``nodes`` machines like ``hw`` (a Slurm job's nodes: `--gpu CARDxN` names one): every node's
+    GPUs, node by node (indices go on counting; a UUID names one card of one machine, so none is
+    kept); on CPU nodes, ``cpu_processes`` on each. The planner plans nodes x processes per node on it."""
+    if nodes <= 1:
+        return hw
+    per = hw.gpus
+    gpus = tuple(replace(g, index=n * len(per) + i, uuid=None) for n in range(nodes) for i, g in enumerate(per))
+    return replace(hw, gpus=gpus, nodes=nodes * hw.nodes)
 
 
 def all_pairs(count: int) -> tuple[tuple[int, int], ...]:

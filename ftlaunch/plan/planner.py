@@ -7,7 +7,10 @@ added once by ``ftlaunch.plan.prepared.final_plan``; nothing edits a Plan after 
 Invariant kept: global batch = micro-batch x accumulation x world size, exactly: where the global
 batch does not divide over every GPU, the plan runs on the largest number of them it divides over
 (``CUDA_VISIBLE_DEVICES``/``NPROC_PER_NODE``, rows of the table); only ``keep_devices`` (``--keep-devices``)
-keeps every GPU with the nearest achievable batch, said in a warning. Learning rate, epochs and scheduler never change.
+keeps every GPU with the nearest achievable batch, said in a warning. Over several alike nodes (a Slurm
+job's: ``Hardware.nodes``, ``hardware.on_nodes``) the world is nodes x processes per node, as many on
+every node (``NNODES``/``NPROC_PER_NODE``, rows of the table; ``Plan.nodes``): the plan is final for
+every engine. Learning rate, epochs and scheduler never change.
 LLaMA-Factory's own refusals (ZeRO-3, several processes, DeepSpeed, CUDA-only methods), the
 precision a DeepSpeed JSON fixes, the cards' kernels and the launch env of a world size are
 ``ftlaunch.plan.rules``: the planner applies them, it does not restate them.
@@ -71,6 +74,12 @@ class Plan:
     run_id: str | None = None
     memory_key: str | None = None
     files: Mapping[str, Any] = field(default_factory=dict)
+    # The nodes the processes run on (a Slurm job's), as many on each: world_size = nodes x processes_per_node.
+    nodes: int = 1
+
+    @property
+    def processes_per_node(self) -> int:
+        return self.world_size // self.nodes
 
     @property
     def header(self) -> dict[str, Any]:
@@ -99,6 +108,7 @@ class Plan:
             **({"hub": dict(self.hub)} if self.hub is not None else {}),
             **({"hub_datasets": [dict(x) for x in self.hub_datasets]} if self.hub_datasets else {}),
             **({"schema": self.schema} if self.schema else {}),
+            **({"nodes": self.nodes, "processes_per_node": self.processes_per_node} if self.nodes != 1 else {}),
         }
 
 
@@ -149,12 +159,20 @@ class GlobalBatch:
     warning: str | None = None  # said when the target is only the nearest achievable
     world: int = 1  # devices the batch is kept on (<= the world size offered)
     offered: int = 1  # the world size offered
+    nodes: int = 1  # the nodes ``world`` and ``offered`` are spread over, as many on each
 
     @property
     def fewer_devices(self) -> str | None:
         """Why the plan uses fewer devices than offered, or None."""
         if self.world >= self.offered:
             return None
+        if self.nodes > 1:
+            n = self.nodes
+            return (
+                f"global batch {self.source} ({self.why}) does not divide over {n} nodes x {self.offered // n} "
+                f"processes: {n} x {self.world // n} keep it exactly ({self.per_device} per device); "
+                "--keep-devices uses all with the nearest batch instead"
+            )
         return (
             f"global batch {self.source} ({self.why}) does not divide over {self.offered} GPUs: "
             f"{self.world} of them keep it exactly ({self.per_device} per device); "
@@ -168,8 +186,9 @@ def global_batch_for(
     options: PlanOptions = PlanOptions(),
     meta: Mapping[str, Any] | None = None,
     ds: Mapping[str, Any] | None = None,
+    nodes: int = 1,
 ) -> GlobalBatch:
-    """The global batch ``plan`` keeps for ``values`` on ``world_size`` devices. Pure.
+    """The global batch ``plan`` keeps for ``values`` on ``world_size`` devices over ``nodes`` nodes. Pure.
 
     Source, first that applies: ``options.global_batch``; the global batch recorded in the ftlaunch
     header of an adapted config (``meta``: it wins over ``--source-gpus``, which would multiply an
@@ -179,8 +198,10 @@ def global_batch_for(
     (``options.source_gpus``, else the header's world size, else 1).
 
     Where the source does not divide over ``world_size`` devices, the result keeps it on the largest
-    device count it divides over (``world``); with ``options.keep_devices`` on all of them, with the
-    nearest achievable batch and a warning."""
+    device count it divides over (``world``), as many on each node; with ``options.keep_devices`` on
+    all of them, with the nearest achievable batch and a warning. Over several nodes every node is
+    kept (the job asks for them): where the batch does not divide over the nodes themselves, the
+    nearest achievable over all their devices, with a warning."""
     micro_src = int(values.get("per_device_train_batch_size", 8) or 8)
     accum_src = int(values.get("gradient_accumulation_steps", 1) or 1)
     recorded = (meta or {}).get("global_batch")
@@ -204,23 +225,18 @@ def global_batch_for(
             f"{micro_src} x {accum_src} x {source_world} GPU(s)",
         )
     per_device, rem = divmod(g_source, world_size)
-    if (rem or per_device == 0) and options.keep_devices:
+    world = devices_for(g_source, world_size, nodes)
+    if ((rem or per_device == 0) and options.keep_devices) or world == 0:
+        # every device (--keep-devices, or not even one process per node keeps it): the nearest batch
         per_device = max(1, round(g_source / world_size))
+        over = f"{world_size} GPUs" if options.keep_devices else f"{nodes} nodes"
         nearest = (
-            f"global batch {g_source} does not divide over {world_size} GPUs; "
-            f"using {per_device * world_size}, the nearest achievable (--keep-devices)"
+            f"global batch {g_source} does not divide over {over}; using {per_device * world_size}, the nearest "
+            "achievable" + (" (--keep-devices)" if options.keep_devices else "")
         )
-        return GlobalBatch(
-            g_source,
-            why,
-            per_device,
-            per_device * world_size,
-            "; ".join(filter(None, [warning, nearest])),
-            world_size,
-            world_size,
-        )
-    world = devices_for(g_source, world_size)
-    return GlobalBatch(g_source, why, g_source // world, g_source, warning, world, world_size)
+        warned = "; ".join(filter(None, [warning, nearest]))
+        return GlobalBatch(g_source, why, per_device, per_device * world_size, warned, world_size, world_size, nodes)
+    return GlobalBatch(g_source, why, g_source // world, g_source, warning, world, world_size, nodes)
 
 
 def _flags_for(label: str) -> dict[str, bool]:
@@ -338,13 +354,11 @@ class Processes:
 def processes_for(values: Mapping[str, Any], hw: Hardware, *, zero3: bool) -> Processes:
     """One per GPU (``cpu_processes`` on the CPU), unless the config cannot run distributed
     (``rules``): then one, on the first GPU."""
-    if not hw.gpus and hw.cpu_processes > 1:
+    if not hw.gpus and hw.world_size > 1:
         refused = [rules.single_process(values)] if rules.single_process(values) else []
         refused += [str(r) for r in rules.distributed_refusals(values, zero3=zero3)]
         if refused:
-            return Processes(
-                1, None, f"one process of the {hw.cpu_processes} offered on the CPU: " + "; ".join(refused)
-            )
+            return Processes(1, None, f"one process of the {hw.world_size} offered on the CPU: " + "; ".join(refused))
         return Processes(hw.world_size)
     if hw.gpu_count <= 1:
         return Processes(1)
@@ -363,7 +377,7 @@ def processes_for(values: Mapping[str, Any], hw: Hardware, *, zero3: bool) -> Pr
 
 def _offered_env(key: str, hw: Hardware) -> str | None:
     """What a launch on every GPU of ``hw`` would have set for ``key`` (the "before" of a fewer-devices row)."""
-    return rules.launch_env(hw.gpu_count, gpus=hw.gpu_count, deepspeed=False).get(key)
+    return rules.launch_env(hw.world_size, gpus=hw.gpus_per_node, deepspeed=False, nodes=hw.nodes).get(key)
 
 
 def plan(
@@ -407,12 +421,13 @@ def plan(
                 f"torchrun instead, with the same global batch; to keep DeepSpeed: {rules.DEEPSPEED_PIP}"
             )
     procs = processes_for(values, hardware, zero3=ds_stage == 3 and not ds_dropped)
+    nodes = hardware.nodes if procs.world > 1 else 1  # one process runs on one node
     # --- global batch: exact on the largest number of the GPUs it divides over (or --keep-devices)
-    gb = global_batch_for(values, procs.world, options, meta, deepspeed_config)
+    gb = global_batch_for(values, procs.world, options, meta, deepspeed_config, nodes)
     if gb.fewer_devices:
-        procs = Processes(
-            gb.world, ",".join(g.uuid or str(g.index) for g in hardware.gpus[: gb.world]) or None, gb.fewer_devices
-        )
+        # Over several nodes the job's GPUs are Slurm's to name: NPROC_PER_NODE alone says how many of them.
+        pin = ",".join(g.uuid or str(g.index) for g in hardware.gpus[: gb.world]) if nodes == 1 else ""
+        procs = Processes(gb.world, pin or None, gb.fewer_devices)
     world = procs.world
     if procs.why:
         warnings.append(procs.why)
@@ -429,6 +444,7 @@ def plan(
             drop_ds = ds_dropped
     kept_ds = deepspeed_config if values.get("deepspeed") and not drop_ds else None
     planned = replace(hardware, gpus=hardware.gpus[:world]) if world < hardware.gpu_count else hardware
+    planned = replace(planned, nodes=nodes) if planned.nodes != nodes else planned
 
     # --- precision and kernels (precision first: its rows lead the table)
     precision, edits = precision_for(values, planned, rules.ds_precision(kept_ds), str(values.get("deepspeed") or ""))
@@ -447,7 +463,8 @@ def plan(
     remembered = options.remembered_micro_batch
     micro, accum = split_batch(per_device, remembered or micro_src)
     memory: MemoryPrediction | None = None
-    batch_reason = f"keeps global batch {g_source} ({gb.why}) on {world} device(s)"
+    on = f"{nodes} nodes x {world // nodes}" if nodes > 1 else f"{world}"
+    batch_reason = f"keeps global batch {g_source} ({gb.why}) on {on} device(s)"
     if remembered:
         batch_reason = options.remembered_reason or "micro-batch that worked last time on this card"
     if memory_chooser is not None and rules.predict_only(values):
@@ -488,7 +505,8 @@ def plan(
             )
 
     # --- launch: what the world size means for every variable (rules.launch_env)
-    blocked = world > 1 and any(i < world and j < world for i, j in hardware.p2p_blocked)
+    per_node = world // nodes  # p2p_blocked holds one node's pairs
+    blocked = per_node > 1 and any(i < per_node and j < per_node for i, j in hardware.p2p_blocked)
     if blocked:
         how = "assumed for this card (GeForce)" if hardware.source.startswith("catalog:") else "per NVML"
         warnings.append(
@@ -497,11 +515,12 @@ def plan(
         )
     env = rules.launch_env(
         world,
-        gpus=hardware.gpu_count,
+        gpus=hardware.gpus_per_node,
         deepspeed=bool(ed.values.get("deepspeed")),
         pin=procs.pin,
         p2p_blocked=blocked,
         kt=rules.single_process(values) is not None,
+        nodes=nodes,
     )
     if not hardware.gpus and world == 1 and ed.values.get("ddp_backend"):
         # accelerate (state.py:296) takes a named backend as distributed and asks torch for a process
@@ -516,11 +535,18 @@ def plan(
             ed.remove("ddp_backend", f"{why}; LLaMA-Factory's default (accelerate picks nccl on CUDA)")
         else:
             ed.set("ddp_backend", own, f"{why}; the config's own value")
-    cpu_world = not hardware.gpus and hardware.cpu_processes > 1
+    cpu_world = not hardware.gpus and hardware.world_size > 1
     if cpu_world and world > 1 and ed.values.get("ddp_backend") != "gloo":
         # accelerate would pick MPI where torch has it (state.py _prepare_backend); NCCL needs GPUs
         ed.set("ddp_backend", "gloo", f"{world} processes on the CPU: gloo is torch's CPU backend (NCCL needs GPUs)")
-    if cpu_world and meta.get("world_size") != world:
+    if nodes > 1 and meta.get("world_size") != world:
+        each = "one per GPU" if hardware.gpus else "on the CPU"
+        why = gb.fewer_devices or f"{nodes} nodes x {per_node} trainer process(es) ({each}), over torchrun"
+        for key in ("FORCE_TORCHRUN", "NNODES", "NPROC_PER_NODE"):
+            before = _offered_env(key, hardware) if gb.fewer_devices else None
+            if before != env[key]:
+                ed.changes.append(Change(key, before, env[key], why))
+    elif cpu_world and meta.get("world_size") != world:
         why = (
             gb.fewer_devices
             or f"{world} trainer processes on the CPU (--gpu nonex{hardware.cpu_processes}), over torchrun"
@@ -562,4 +588,5 @@ def plan(
         warnings=tuple(warnings),
         memory=memory,
         notes=tuple(default_notes(ed.values, hardware.versions)),
+        nodes=nodes,
     )

@@ -646,12 +646,16 @@ def launch_env(
     pin: str | None = None,
     p2p_blocked: bool = False,
     kt: bool = False,
+    nodes: int = 1,
 ) -> dict[str, str]:
-    """The trainer env that makes llamafactory-cli run exactly ``processes`` processes on a machine
-    with ``gpus`` visible GPUs. The one place a planned world size becomes environment variables.
+    """The trainer env that makes llamafactory-cli run exactly ``processes`` processes over ``nodes``
+    nodes, each with ``gpus`` visible GPUs. The one place a planned world size becomes environment
+    variables.
 
     - several processes: ``FORCE_TORCHRUN=1 NPROC_PER_NODE=n`` (and ``NCCL_P2P_DISABLE=1`` when the
-      planned GPUs cannot reach each other peer to peer: NCCL hangs or errors otherwise);
+      planned GPUs cannot reach each other peer to peer: NCCL hangs or errors otherwise); over
+      several nodes ``NNODES=m`` too, and ``NPROC_PER_NODE`` is each node's share (a node's
+      ``NODE_RANK`` and ``MASTER_ADDR`` are set where it starts: run/slurm/sbatch.py);
     - one process with DeepSpeed: ``FORCE_TORCHRUN=1 NPROC_PER_NODE=1`` (parser.py:354 refuses
       DeepSpeed outside torchrun, even on one device);
     - one process on a machine with several GPUs: ``CUDA_VISIBLE_DEVICES=pin`` (the launcher would
@@ -663,7 +667,7 @@ def launch_env(
     if kt and gpus > 1:
         env["USE_KT"] = "1"
     if processes > 1:
-        env.update(FORCE_TORCHRUN="1", NPROC_PER_NODE=str(processes))
+        env.update(torchrun_env(processes, nodes))
         if p2p_blocked:
             env["NCCL_P2P_DISABLE"] = "1"
         return env
@@ -672,6 +676,13 @@ def launch_env(
     if deepspeed:
         env.update(FORCE_TORCHRUN="1", NPROC_PER_NODE="1")
     return env
+
+
+def torchrun_env(processes: int, nodes: int = 1) -> dict[str, str]:
+    """torchrun over ``processes`` processes on ``nodes`` nodes, as many on each."""
+    if nodes > 1:
+        return {"FORCE_TORCHRUN": "1", "NNODES": str(nodes), "NPROC_PER_NODE": str(processes // nodes)}
+    return {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": str(processes)}
 
 
 # ------------------------------------------------------------------ DeepSpeed availability

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError
+from ftlaunch.plan import rules
 from ftlaunch.plan.batch import split_batch
 from ftlaunch.plan.hardware import Hardware
 from ftlaunch.plan.keyschema import kind_ok, known_keys, looks_like_path, shipped_keys, validate_values
@@ -269,7 +270,7 @@ def plan_v1(
     env = {ENV_VAR: "1"}
     name = dist.get("name")
     if world > 1:
-        env.update(FORCE_TORCHRUN="1", NPROC_PER_NODE=str(world))
+        env.update(rules.torchrun_env(world, hardware.nodes))
         new = dict(dist)
         if dist.get("dp_size") is not None and dist["dp_size"] * cp != world:
             new["dp_size"] = dp
@@ -365,4 +366,5 @@ def plan_v1(
         warnings=tuple(warnings),
         memory=None,
         schema="v1",
+        nodes=hardware.nodes if world > 1 else 1,
     )

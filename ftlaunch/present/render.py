@@ -51,6 +51,7 @@ def plan_renderables(plan: Plan, title: str = "ftlaunch plan") -> list[Any]:
             "global batch",
             f"{plan.global_batch_source} -> {plan.global_batch_target}"
             f" = {plan.micro_batch} micro x {plan.accumulation} accum x {plan.world_size} device(s)"
+            + (f" ({plan.nodes} nodes x {plan.processes_per_node})" if plan.nodes > 1 else "")
             + ("" if plan.global_batch_source == plan.global_batch_target else "  (NOT kept exactly)"),
         ),
         ("devices", plan.hardware.describe()),

@@ -11,7 +11,7 @@ How a job runs (docs/slurm.md):
   (ftlaunch.run.slurm.rendezvous), then one `srun` step that starts `llamafactory-cli train` on every
   node with FORCE_TORCHRUN=1, NNODES, NODE_RANK (= SLURM_NODEID), MASTER_ADDR (the first node's
   address, chosen and resolved on that node by the batch step), MASTER_PORT and NPROC_PER_NODE
-  (GPUs per node; 1 on CPU nodes);
+  (the plan's processes per node: one per GPU, fewer where the global batch asks; 1 on CPU nodes);
 - `--signal=B:USR1@N` warns the batch step N seconds before the time limit: the trainer is stopped
   gracefully, the job requeued, and the requeued job resumes from the last complete checkpoint.
 """
@@ -59,11 +59,17 @@ class SlurmRequest:
     master_port: int | None = None  # default: derived from the job id (29500-29999)
     master_addr: str | None = None  # default: the first node's NodeAddr (scontrol show node)
     rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_S  # every node must reach MASTER_ADDR within this; 0: no check
+    processes_per_node: int = 0  # the plan's (Plan.processes_per_node); 0: one per GPU, one on a CPU node
 
     @property
     def cpu(self) -> bool:
-        """CPU nodes: one process per node, gloo, no GPU request."""
+        """CPU nodes: gloo, no GPU request."""
         return self.gpus_per_node == 0
+
+    @property
+    def nproc_per_node(self) -> int:
+        """The trainer processes torchrun starts on each node."""
+        return self.processes_per_node or max(1, self.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ def _wrapper_script(req: SlurmRequest, python: str, trainer: Sequence[str]) -> l
         "set -euo pipefail",
         "export FORCE_TORCHRUN=1",
         f"export NNODES={req.nodes}",
-        f"export NPROC_PER_NODE={max(1, req.gpus_per_node)}",
+        f"export NPROC_PER_NODE={req.nproc_per_node}",
         *check,
         *cpu,
         f"exec {step} \\",
