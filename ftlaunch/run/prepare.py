@@ -21,7 +21,7 @@ from ftlaunch.plan.config import (
     training_problems,
     what_if_reason,
 )
-from ftlaunch.plan.hardware import Hardware, catalog_hardware
+from ftlaunch.plan.hardware import Hardware, catalog_hardware, on_nodes
 from ftlaunch.plan.memory.adapt import make_memory_chooser, model_spec_for
 from ftlaunch.plan.memory.store import config_key, recall
 from ftlaunch.plan.planner import Plan, PlanOptions, global_batch_for, plan
@@ -59,9 +59,15 @@ class PlanRequest(PlanSettings):
     tokenizer_files: bool = False  # estimate: the tokenizer files (and config.json), not the weights
     cwd: str | None = None
     progress: bool = False  # download progress bars: the CLI's answer to "is stderr a terminal?"
+    nodes: int = 1  # alike nodes of the machine (a Slurm job's, set by its engine): planned nodes x processes
 
 
 def get_hardware(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path = ".") -> Hardware:
+    """The machine ``req`` plans for: ``req.nodes`` of the one --gpu names, --hardware describes or the probe finds."""
+    return on_nodes(_one_node(req, env, disk_path), req.nodes)
+
+
+def _one_node(req: PlanRequest, env: Mapping[str, str], disk_path: str | Path) -> Hardware:
     if req.gpu and req.hardware_file:
         raise HardwareError("--gpu and --hardware both given", hint="use one of them")
     if req.gpu is not None:  # `--gpu ''` names no card: refused by catalog_hardware, never a probe
@@ -144,7 +150,7 @@ def make_plan(req: PlanRequest, env: Mapping[str, str]) -> tuple[LoadedConfig, P
     # chooser may take) and the GPU memory a run was seen to use (the chooser's correction).
     # The one config key of this plan: recalled under here, and the run's state keeps it (Plan.memory_key).
     key = config_key(
-        loaded.values, hw.gpu_model, global_batch_for(values, hw.world_size, options, loaded.meta, ds).target
+        loaded.values, hw.gpu_model, global_batch_for(values, hw.world_size, options, loaded.meta, ds, hw.nodes).target
     )
     learned = _recall_learned(env, key, warnings)
     options = _with_learned(options, learned, hw.gpu_model)

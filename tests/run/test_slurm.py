@@ -1,5 +1,6 @@
 """Slurm, the pure parts: the job script and trainer wrapper, the parsers, the status mapping,
-MASTER_ADDR, what a SIGTERM was, the rendezvous check, the CPU plan and the CPU resume fix."""
+MASTER_ADDR, what a SIGTERM was, the rendezvous check, the engine's request and the CPU resume fix.
+The planning of nodes x processes is the planner's: tests/plan/test_nodes.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from ftlaunch.run.recovery import classify, decide
 from ftlaunch.run.slurm import rendezvous
 from ftlaunch.run.slurm import sbatch as slurm
 from ftlaunch.run.slurm.job import ended_by_slurm, stop_requested
-from ftlaunch.run.slurm.submit import cluster_gpu_spec, cpu_nodes_plan
 from ftlaunch.run.state import Budget, FailureKind, RunStatus
 
 from ..conftest import needs_train_stack
@@ -102,29 +102,26 @@ def test_local_filesystems_are_named():
     assert slurm.local_filesystem(Path("/home/u"), mounts) is None
 
 
-def test_cluster_gpu_spec():
+def test_the_engine_asks_the_planner_for_the_jobs_nodes_and_takes_its_plan():
     from ftlaunch.errors import HardwareError
-
-    assert cluster_gpu_spec("A100-80GBx8", 2) == ("A100-80GBx16", 8)
-    assert cluster_gpu_spec("H100", 4) == ("H100-80GBx4", 1)
-    assert cluster_gpu_spec("none", 2) == ("none", 0)  # CPU nodes
-    with pytest.raises(HardwareError, match="needs --gpu"):
-        cluster_gpu_spec(None, 2)
-
-
-def test_cpu_nodes_plan_keeps_the_global_batch_over_the_nodes():
-    from ftlaunch.plan.hardware import catalog_hardware
+    from ftlaunch.plan.hardware import catalog_hardware, on_nodes
     from ftlaunch.plan.planner import plan
+    from ftlaunch.run.engines.slurm import Slurm
+    from ftlaunch.run.prepare import PlanRequest
 
-    values = {"stage": "sft", "do_train": True, "finetuning_type": "lora", "output_dir": "/o", "bf16": True,
-              "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4}  # fmt: skip
-    p = cpu_nodes_plan(plan(values, catalog_hardware("none")), 4)
-    c = p.config
-    assert (p.world_size, p.global_batch_target) == (4, 16) and not c.get("bf16") and c["ddp_backend"] == "gloo"
-    assert c["per_device_train_batch_size"] * c["gradient_accumulation_steps"] * 4 == 16
-    assert {ch.key for ch in p.changes} >= {"ddp_backend", "gradient_accumulation_steps"}
-    odd = cpu_nodes_plan(plan({**values, "gradient_accumulation_steps": 1}, catalog_hardware("none")), 3)
-    assert odd.global_batch_target == 3 and any("nearest" in w for w in odd.warnings)
+    engine = Slurm(job=slurm.SlurmRequest(2, 0))
+    req = engine.request(PlanRequest(config="c.yaml", gpu="A100-80GBx8"))
+    assert (req.gpu, req.nodes) == ("A100-80GBx8", 2)  # one node named; the planner plans two of it
+    with pytest.raises(HardwareError, match="needs --gpu"):
+        engine.request(PlanRequest(config="c.yaml"))
+    p = plan({"stage": "sft", "do_train": True, "output_dir": "/o"}, on_nodes(catalog_hardware("none"), 2))
+    assert engine.adapt(p) is p  # the plan is final
+
+
+def test_the_wrapper_starts_the_plans_processes_on_each_node(tmp_path):
+    fewer = job(slurm.SlurmRequest(2, 8, processes_per_node=6), tmp_path)
+    assert "#SBATCH --gpus-per-node=8\n" in fewer.script and "export NPROC_PER_NODE=6" in fewer.trainer
+    assert "export NPROC_PER_NODE=8" in job(slurm.SlurmRequest(2, 8), tmp_path).trainer  # one per GPU
 
 
 def test_master_addr_is_the_first_that_resolves_on_the_first_node():

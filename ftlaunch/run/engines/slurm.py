@@ -1,13 +1,13 @@
 """The Slurm engine: the run's supervisor in a Slurm batch job (ftlaunch.run.slurm: the job script,
 the batch step, the Slurm commands).
 
-It plans for the nodes' GPUs together (``--gpu A100-80GBx8 --nodes 2`` is 16 GPUs) and spreads a CPU
-plan over the nodes, one process each; `start_run` then checks that plan as for any run, creates the
-run and hands it here: the output_dir lock is let go (the job's supervisor takes it again on the
-batch host), job.sbatch and srun-trainer.sh are written and submitted; a submission sbatch refuses
-leaves nothing behind. Status is Slurm's word while it holds the job (queued, starting), the
-supervisor's once it runs; stop is scancel (after a `stop_requested` event the batch step reads);
-resume from a login node submits job.sbatch again.
+It asks the planner for the job's nodes (``--gpu A100-80GBx8 --nodes 2``: two nodes of 8 GPUs; the
+planner plans nodes x processes per node, on CPU nodes too) and takes its plan as final; `start_run`
+checks that plan as for any run, creates the run and hands it here: the output_dir lock is let go
+(the job's supervisor takes it again on the batch host), job.sbatch and srun-trainer.sh are written
+and submitted; a submission sbatch refuses leaves nothing behind. Status is Slurm's word while it
+holds the job (queued, starting), the supervisor's once it runs; stop is scancel (after a
+`stop_requested` event the batch step reads); resume from a login node submits job.sbatch again.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ftlaunch.run import transitions as journal
 from ftlaunch.run.engines.base import Created, EngineStatus, Resumed, ResumeOutcome, Started
 from ftlaunch.run.events import Event
 from ftlaunch.run.slurm import sbatch as slurm
-from ftlaunch.run.slurm.submit import cluster_gpu_spec, cpu_nodes_plan, write_and_submit
+from ftlaunch.run.slurm.submit import one_node_named, write_and_submit
 from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import RunFolder, read_state
 from ftlaunch.run.trainer import find_trainer
@@ -50,20 +50,23 @@ class Slurm:
         return self.job
 
     def request(self, req: PlanRequest) -> PlanRequest:
-        """The machine of all the nodes: `--gpu CARDxN --nodes M` plans CARDx(N*M); --gpu none: CPU nodes."""
-        spec, _per_node = cluster_gpu_spec(req.gpu, self._job().nodes)
-        return replace(req, gpu=spec)
+        """The job's machine: `--nodes M` nodes of the one `--gpu` names (CARDxN, or none: CPU nodes)."""
+        one_node_named(req.gpu)
+        return replace(req, nodes=self._job().nodes)
 
     def adapt(self, p: Plan) -> Plan:
-        """CPU nodes: one process each, the global batch kept over them (gloo)."""
-        return cpu_nodes_plan(p, self._job().nodes) if not p.hardware.gpus else p
+        """Nothing: the planner planned the nodes x processes per node; its plan is final."""
+        return p
 
     def launch(self, created: Created, env: Mapping[str, str]) -> Started:
         """Write job.sbatch and srun-trainer.sh and sbatch them; a refused submission removes the run."""
         if created.lock is not None:
             created.lock.close()  # the job's supervisor takes it on the batch host
         job = self._job()
-        job = replace(job, gpus_per_node=created.plan.hardware.gpu_count // job.nodes)
+        p = created.plan  # the layout is the plan's: its nodes (one for a one-process config), each node's GPUs
+        job = replace(
+            job, nodes=p.nodes, gpus_per_node=p.hardware.gpus_per_node, processes_per_node=p.processes_per_node
+        )
         try:
             trainer = find_trainer(env)
             job_id, notes = write_and_submit(created.run_dir, created.plan, job, trainer, env, self.cwd or ".")
