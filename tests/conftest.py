@@ -134,3 +134,73 @@ def child_env(**extra) -> dict:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+# ---------------------------------------------------------------- the fast lane's order (issue 32)
+# The fast lane gives a whole file to a worker (--dist loadfile). xdist would hand out the files with
+# the most tests first, and the files of a few long tests (real supervisors, stall limits) last, so the
+# lane ended waiting on one worker. The files go out longest first instead: seconds each took in one
+# fast-lane run on this 2-core machine (a file not listed: 0.01 s a test). An estimate only orders.
+# The files that use the lf_child fixture (tests/plan/conftest.py) go to one worker together: it
+# imports llamafactory once per worker (~10 s of CPU), not once in each worker that meets one of them.
+LF_CHILD_FILES = "the files that use lf_child"
+FILE_SECONDS = {
+    LF_CHILD_FILES: 25,
+    "tests/run/test_races.py": 39,
+    "tests/run/test_stall_phases.py": 31,
+    "tests/cli/test_watch.py": 18,
+    "tests/run/test_one_output_dir_rule.py": 18,
+    "tests/run/test_healthy_end_small_points.py": 17,
+    "tests/run/test_orphans.py": 16,
+    "tests/run/test_notify.py": 15,
+    "tests/schedule/test_schedule.py": 13,
+    "tests/plan/test_modelspec.py": 12,
+    "tests/run/test_reliability.py": 12,
+    "tests/run/test_health.py": 11,
+    "tests/run/test_guard.py": 11,
+    "tests/cli/test_newcomer.py": 10,
+    "tests/run/test_environment.py": 8,
+    "tests/cli/test_messages.py": 7,
+    "tests/hub/test_hub.py": 6,
+    "tests/plan/test_planner.py": 6,
+    "tests/run/test_notify_smtp.py": 6,
+    "tests/run/test_slurm.py": 5,
+    "tests/run/test_notify_file.py": 5,
+    "tests/cli/test_numeric_bounds.py": 5,
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from collections import OrderedDict
+
+    from xdist.scheduler import LoadFileScheduling
+
+    def uses_lf_child(path: str) -> bool:
+        try:
+            return "lf_child" in (config.rootpath / path).read_text()
+        except OSError:
+            return False
+
+    class LongestFirst(OrderedDict):
+        """xdist's work queue (scope -> its tests): the next unit it pops is the longest left."""
+
+        def popitem(self, last: bool = True):
+            scope = max(self, key=lambda s: FILE_SECONDS.get(s, 0.01 * len(self[s])))
+            return scope, self.pop(scope)
+
+    class Scheduling(LoadFileScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.workqueue = LongestFirst()
+            self._lf_child: dict[str, bool] = {}
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            if path not in self._lf_child:
+                self._lf_child[path] = uses_lf_child(path)
+            return LF_CHILD_FILES if self._lf_child[path] else path
+
+    return Scheduling(config, log)
