@@ -41,6 +41,8 @@ RUN = PLAN.parent / "run"
 # run/'s decisions over data: module (relative to ftlaunch/run) -> what it decides.
 RUN_PURE = {
     "state.py": "a run's values: RunState, RunStatus with its exit codes, FailureKind, the retry Budget",
+    "staterecords.py": "the state's typed sub-records (progress, stall, health, environment, disk), the engine's job",
+    "events.py": "the names of a run's events, one enum: the file format events.jsonl is read back by",
     "policy.py": "the RecoveryPolicy (budgets' maxima, recover, on_diverge, stall timeout), its options, the Budget",
     "recovery.py": "classifying a trainer's exit (OOM, crash, config error, ...) and deciding what to do next",
     "stall.py": "the stall watchdog: what counts as progress, which allowance is in force, when it stalled",

@@ -21,14 +21,16 @@ from ftlaunch.plan.config import (
     split_secrets,
 )
 from ftlaunch.plan.planner import Plan
-from ftlaunch.plan.render import plan_text
+from ftlaunch.present.render import plan_text
+from ftlaunch.run import transitions as journal
 from ftlaunch.run.engines import Created, Engine, Started
 from ftlaunch.run.engines.local import Local, start_detached, supervisor_command
+from ftlaunch.run.events import Event
 from ftlaunch.run.options import SupervisorSettings
 from ftlaunch.run.outdir import Existing, claim_output_dir, home_problem
 from ftlaunch.run.prepare import PlanRequest
-from ftlaunch.run.state import Budget, RunState, RunStatus, StartFacts
-from ftlaunch.run.store import NewRun, append_event, create_folder, runs_root
+from ftlaunch.run.state import RunState, RunStatus, StartFacts
+from ftlaunch.run.store import NewRun, create_folder, runs_root
 from ftlaunch.run.trainer import find_trainer, public_env
 
 # Re-exported: the local engine's shell, and what a launch returns, under the names callers know.
@@ -76,7 +78,7 @@ def create_run(
         files=p.files,  # the plan's files for the run folder (pre-downloaded hub datasets' dataset_info.json)
     )
     run_dir = create_folder(root, run_id, new)
-    append_event(run_dir, "created", name=state.name, changes=len(p.changes))
+    journal.note(run_dir, Event.CREATED, name=state.name, changes=len(p.changes))
     return run_dir
 
 
@@ -109,10 +111,7 @@ def _initial_state(
         global_batch=p.global_batch_target,
         micro_batch=p.micro_batch,
         accumulation=p.accumulation,
-        recover=s.recover,
-        on_diverge=s.on_diverge,
-        budget=Budget(oom_max=s.max_retries, crash_max=s.max_crash_retries, stall_max=s.max_stall_restarts),
-        stall_timeout=s.stall_timeout,
+        **s.policy.state_fields(),  # the recovery policy, whole
         trainer_env=dict(public_env({**p.env, **(trainer_env or {})})),
         memory_key=p.memory_key,
         predicted_peak_gib=p.memory.peak_gib if p.memory and p.hardware.gpus else None,
@@ -136,7 +135,7 @@ def new_run(
         run_dir = create_run(loaded, p, env, settings, facts=facts.joined(found))
         set_owner(lock, run_dir.name)  # a new run's id is known only once it exists
         if found.known():
-            append_event(run_dir, "output_dir_claimed", **found.known())
+            journal.note(run_dir, Event.OUTPUT_DIR_CLAIMED, **found.known())
     except BaseException:
         lock.close()
         raise

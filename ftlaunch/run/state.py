@@ -1,5 +1,7 @@
 """A run's state as values: the typed, versioned ``RunState`` that state.json holds, its status and
-failure kinds, and the retry budget. Pure: no files here (``ftlaunch.run.store`` reads and writes).
+failure kinds, the retry budget, its typed sub-records (ftlaunch.run.staterecords: progress, stall,
+health, environment, disk, the engine's job). Pure: no files here (``ftlaunch.run.store`` reads and
+writes; only the journal, ``ftlaunch.run.journal`` and ``ftlaunch.run.transitions``, changes a state).
 
 state.json stays the JSON it always was: ``RunState.from_json`` reads it, ``to_json`` writes it back.
 Keys this ftlaunch does not know (written by another minor version) are kept in ``extra`` and written
@@ -16,6 +18,18 @@ from typing import Any
 
 from ftlaunch.errors import ExitCode, StateError, StateVersionError
 from ftlaunch.run.health import OnDiverge
+from ftlaunch.run.policy import Budget  # the retry budget: its own module, with the policy it spends
+from ftlaunch.run.staterecords import (
+    RECORDS,
+    DiskRecord,
+    EngineJob,
+    EnvironmentRecord,
+    HealthRecord,
+    ProgressRecord,
+    Record,
+    SlurmAsk,
+    StallRecord,
+)
 
 STATE_VERSION = 1
 
@@ -94,45 +108,6 @@ class FailureKind(StrEnum):
 
 
 @dataclass(frozen=True)
-class Budget:
-    """Retries left. ``tried``: the distinct configurations that ran out of memory since the last
-    progress (a new checkpoint empties it); the OOM budget counts them, not the halvings."""
-
-    oom_max: int = 4
-    crash_max: int = 2
-    oom_used: int = 0
-    crash_used: int = 0
-    tried: tuple[str, ...] = ()
-    stall_max: int = 2
-    stall_used: int = 0
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Budget:
-        return cls(
-            oom_max=int(d.get("oom_max", 4)),
-            crash_max=int(d.get("crash_max", 2)),
-            oom_used=int(d.get("oom_used", 0)),
-            crash_used=int(d.get("crash_used", 0)),
-            tried=tuple(str(t) for t in d.get("tried") or ()),
-            stall_max=int(d.get("stall_max", 2)),
-            stall_used=int(d.get("stall_used", 0)),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **{
-                k: getattr(self, k)
-                for k in ("oom_max", "crash_max", "oom_used", "crash_used", "stall_max", "stall_used")
-            },
-            "tried": list(self.tried),
-        }
-
-    def refilled(self) -> Budget:
-        """A fresh budget of the same size (a resume by hand: the user changed something)."""
-        return Budget(self.oom_max, self.crash_max, stall_max=self.stall_max)
-
-
-@dataclass(frozen=True)
 class StartFacts:
     """State fields a new run starts with besides its plan and its supervisor settings: what `train`
     found in the output_dir (ftlaunch.run.outdir), the disk forecast and its warnings
@@ -165,13 +140,6 @@ def _finite_or_none(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return value if math.isfinite(value) else None
-
-
-def _finite_values(value: Any) -> Any:
-    """A mapping of the watchdog's figures with each non-finite number read as absent."""
-    if not isinstance(value, Mapping):
-        return value
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in value.items()}
 
 
 # Numbers by contract: seconds, epoch times, rates, GiB (the progress's loss may be NaN: that is news).
@@ -238,33 +206,31 @@ class RunState:
     trainer_pid: int | None = None
     trainer_start: float | None = None
     resume_from: str | None = None
-    progress: Mapping[str, Any] | None = None  # ftlaunch.run.progress.Progress.to_dict()
+    progress: ProgressRecord | None = None
     progress_at: float | None = None
     steps_per_second: float | None = None
     last_checkpoint: int | None = None
-    health: Mapping[str, Any] | None = None  # ftlaunch.run.health.Verdict.to_dict() of this attempt
-    diverged: Mapping[str, Any] | None = None  # the last divergence seen
+    health: HealthRecord | None = None  # of this attempt
+    diverged: HealthRecord | None = None  # the last divergence seen
     predicted_peak_gib: float | None = None
     observed_peak_gib: float | None = None
     recovered_batch: bool | None = None  # the OOM ladder changed the micro-batch
     last_failure: FailureKind | None = None
     # the unattended guard (issue 20)
     stall_timeout: float | None = None  # --stall-timeout; None: derived from the run itself
-    stall: Mapping[str, Any] | None = None  # the watchdog of this attempt: phase, last progress, timeout
+    stall: StallRecord | None = None  # the watchdog of this attempt: phase, last progress, timeout
     no_progress_attempts: int = 0  # attempts ended since the last checkpoint advanced (survives requeues)
     best_checkpoint: int | None = None  # the furthest complete checkpoint any attempt saved
-    disk: Mapping[str, Any] | None = None  # the disk forecast made at start (ftlaunch.plan.disk)
-    # the trainer's environment (ftlaunch.run.environment): hash and attempt of the last record, and
-    # "changed" {attempt, changes, accepted, since_run} when a deciding package changed
-    environment: Mapping[str, Any] | None = None
+    disk: DiskRecord | None = None  # the disk forecast made at start
+    environment: EnvironmentRecord | None = None  # the trainer's environment's last record
     allow_env_change: bool | None = None  # resume --allow-env-change: this start may cross such a change
     # how it ended
     ended: float | None = None
     exit_code: int | None = None
     failure_kind: FailureKind | None = None
     message: str | None = None
-    # Slurm
-    slurm: Mapping[str, Any] | None = None  # what was asked: nodes, GPUs per node, partition, time
+    # the engine's job, as state.json has always kept it (read typed through ``job``)
+    slurm: SlurmAsk | None = None  # what was asked: nodes, GPUs per node, partition, time
     slurm_job_id: str | None = None
     slurm_job: Mapping[str, str] | None = None  # the SLURM_* variables of the batch step
     warnings: tuple[str, ...] | None = None
@@ -282,7 +248,7 @@ class RunState:
             "overrides": _tuple_or_none,
             "warnings": _tuple_or_none,
             "slurm_job_id": lambda v: None if v is None else str(v),
-            "stall": _finite_values,
+            **{name: kind.of for name, kind in RECORDS.items()},
             **{name: _finite_or_none for name in _FINITE_FIELDS},
         }
         for name, fn in coerce.items():
@@ -320,7 +286,7 @@ class RunState:
             value = getattr(self, f.name)
             if f.name == "extra" or value is None:
                 continue
-            if isinstance(value, Budget):
+            if isinstance(value, (Budget, Record)):
                 value = value.to_json()
             elif isinstance(value, StrEnum):
                 value = value.value
@@ -337,6 +303,11 @@ class RunState:
         if self.engine:
             return self.engine
         return "slurm" if self.slurm_job_id or self.slurm or self.slurm_job else "local"
+
+    @property
+    def job(self) -> EngineJob:
+        """The engine's job, typed, from the keys state.json keeps it under."""
+        return EngineJob(self.engine_name(), self.slurm_job_id, self.slurm, self.slurm_job)
 
     def changed(self, **changes: Any) -> RunState:
         """This state with ``changes`` (field names; an unknown name is a TypeError)."""
