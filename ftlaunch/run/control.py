@@ -317,7 +317,7 @@ def _resume_verdict(run_dir: Path, state: RunState, overrides: tuple[str, ...]) 
 
 
 # Variables of a launch that a world size decides (rules.launch_env): replaced as a whole on a re-plan.
-LAUNCH_KEYS = ("FORCE_TORCHRUN", "NPROC_PER_NODE", "CUDA_VISIBLE_DEVICES", "NCCL_P2P_DISABLE", "USE_KT")
+LAUNCH_KEYS = ("FORCE_TORCHRUN", "NNODES", "NPROC_PER_NODE", "CUDA_VISIBLE_DEVICES", "NCCL_P2P_DISABLE", "USE_KT")
 
 
 @dataclass(frozen=True)
