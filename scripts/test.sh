@@ -12,8 +12,9 @@
 # and stops exactly the daemons it started. The Ray lane installs the ray extra into .venv when it is
 # missing, and runs the tests marked `ray`: each module starts its own Ray head on 127.0.0.1 (free
 # ports, its own temp dir) and ends only that head's processes. Any other arguments go to pytest (in
-# every lane). The fast lane runs in 3 pytest-xdist workers, a whole test file to a worker (its module
-# fixtures computed once); `-n 0` after --fast runs it in one process (for --pdb, or to time one test).
+# every lane). The fast lane runs in 4 pytest-xdist workers, a whole test file to a worker (its module
+# fixtures computed once; the longest first, tests/conftest.py); `-n 0` after --fast runs it in one
+# process (for --pdb, or to time one test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run_fast=1
@@ -43,8 +44,8 @@ lane() {  # lane NAME MARKER [PYTEST ARGS...]
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
 }
 if [ "$run_fast" -eq 1 ]; then
-  # Mostly waits on child processes and sleeps (scripted trainers): 3 workers beat 2 on a 2-core machine.
-  lane fast "not e2e and not bench and not slurm and not ray" -n 3 --dist loadfile
+  # Mostly waits on child processes and sleeps (scripted trainers): 4 workers beat 3 on a 2-core machine.
+  lane fast "not e2e and not bench and not slurm and not ray" -n 4 --dist loadfile
 fi
 if [ "$run_e2e" -eq 1 ]; then
   lane e2e "e2e and not bench and not slurm and not ray"
