@@ -91,11 +91,17 @@ def _wait_while_starting(run_dir: Path, state: RunState, env: Mapping[str, str],
     deadline = time.monotonic() + wait
     while state.status is RunStatus.STARTING and not state.pid and time.monotonic() < deadline:
         try:
-            acquire_output_lock(env, state.output_dir or "", "stop").close()
-            return state  # nobody is starting it
+            lock = acquire_output_lock(env, state.output_dir or "", "stop")
         except OutputDirBusy:
             time.sleep(0.1)
             state = _state_or_none(run_dir) or state
+            continue
+        try:
+            # Nobody is starting it now. The state in hand may have been read just before its supervisor
+            # wrote its pid and then let go of the lock (its run ended): read it again, under the lock.
+            return _state_or_none(run_dir) or state
+        finally:
+            lock.close()
     return state
 
 

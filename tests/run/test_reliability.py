@@ -388,6 +388,33 @@ def test_case2_a_stop_while_the_run_is_being_started_waits_for_its_supervisor(tm
     assert _wait_while_starting(run_dir, st, env).pid == os.getpid()  # a stop now reaches that pid
 
 
+def test_case2_a_stop_that_read_the_state_just_before_the_supervisor_wrote_its_pid_reads_it_again(
+    tmp_path, monkeypatch
+):
+    """The race the test above met under load, made certain: the stop finds the lock busy and reads the
+    state (no pid yet); the supervisor then writes its pid and lets go of the lock (its run ended) before
+    the stop's next try, which gets the lock. The stop goes on with the state as it is now, not as read."""
+    from ftlaunch.run import outdir
+    from ftlaunch.run.control import _wait_while_starting
+
+    from .test_recovery import make_run
+
+    run_dir, env = make_run(tmp_path, [{"ok": True}])
+    st = read_state(run_dir)
+    real, tries = outdir.acquire_output_lock, []
+
+    def acquire(env, output_dir, run_id):
+        tries.append(run_id)
+        if len(tries) == 1:  # the starter holds it; the stop sleeps, then reads a state with no pid
+            raise outdir.OutputDirBusy(output_dir, run_dir.name)
+        update_state(run_dir, pid=os.getpid())  # after that read: the supervisor took over, and let go
+        return real(env, output_dir, run_id)
+
+    monkeypatch.setattr(outdir, "acquire_output_lock", acquire)
+    assert _wait_while_starting(run_dir, st, env).pid == os.getpid()
+    assert len(tries) == 2
+
+
 def test_the_latest_run_is_the_last_created_even_within_one_second(tmp_path, isolated_home):
     from ftlaunch.run.store import list_runs
 
