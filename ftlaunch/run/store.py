@@ -21,6 +21,7 @@ Layout of ``$FTLAUNCH_HOME/runs/<id>/``:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -155,7 +156,7 @@ class NewRun:
 
 def create_folder(root: Path, run_id: str, new: NewRun) -> Path:
     """Write a run folder completely under a hidden name, then make it visible with one rename (no
-    half runs): ``root/<run_id>``."""
+    half runs): ``root/<run_id>``. Something already there is never replaced: StateError (exit 12)."""
     tmp = RunFolder(root / f".{run_id}.tmp")
     tmp.path.mkdir()
     try:
@@ -170,11 +171,34 @@ def create_folder(root: Path, run_id: str, new: NewRun) -> Path:
         tmp.train_log.touch()
         write_state(tmp.path, new.state)
         tmp.events.write_text("")
-        os.replace(tmp.path, root / run_id)
+        _rename_into_view(tmp.path, root / run_id)
     except BaseException:
         shutil.rmtree(tmp.path, ignore_errors=True)
         raise
     return root / run_id
+
+
+def _rename_into_view(tmp: Path, dest: Path) -> None:
+    """The one rename that makes a new run visible, never over what is there: os.replace would take the
+    place of an empty folder, and fails on a full one (ENOTEMPTY) with no word on why. Only an empty
+    folder made between the check and the rename could still be replaced (rename(2) has no
+    no-replace flag in Python): nothing is lost then."""
+    try:
+        if not os.path.lexists(dest):
+            os.rename(tmp, dest)
+            return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise
+    try:
+        found = sorted(p.name for p in dest.iterdir())
+    except OSError:
+        found = []
+    held = f" (it holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''})" if found else ""
+    raise StateError(
+        f"run folder {dest} already exists{held}: a new run never replaces one, so this run was not created",
+        hint="train again (a new run gets a new id); what is in that folder was left as it is",
+    )
 
 
 # ---------------------------------------------------------------- config, plan, secrets

@@ -415,6 +415,43 @@ def test_case2_a_stop_that_read_the_state_just_before_the_supervisor_wrote_its_p
     assert len(tries) == 2
 
 
+def test_a_new_run_never_replaces_a_folder_already_under_its_id(tmp_path, fake, isolated_home, monkeypatch):
+    """create_folder's rename met a runs/<id> that was there already (ENOTEMPTY under load, once): a new
+    run is refused with a clear StateError (exit 12), whatever is there is left as it was (a full or an
+    empty folder, a file), nothing hidden is left behind, and the output_dir is free for the next train."""
+    from ftlaunch.run import prepare
+
+    taken = "20260101-000000-abcd"
+    root = isolated_home / "runs"
+    for kind in ("full", "empty", "file"):
+        dest = root / taken
+        if kind == "file":
+            dest.write_text("not a run")
+        else:
+            dest.mkdir(parents=True)
+            if kind == "full":
+                (dest / "state.json").write_text('{"someone": "else"}')
+        with monkeypatch.context() as m:
+            m.setattr(prepare, "new_run_id", lambda: taken)
+            r = train(config(tmp_path))
+        assert r.exit_code == 12, r.output
+        assert "already exists" in r.output and "Traceback" not in r.output
+        if kind == "file":
+            assert dest.read_text() == "not a run"
+            dest.unlink()
+        else:
+            assert [x.name for x in dest.iterdir()] == (["state.json"] if kind == "full" else [])
+            if kind == "full":
+                assert (dest / "state.json").read_text() == '{"someone": "else"}'
+            for x in dest.iterdir():
+                x.unlink()
+            dest.rmdir()
+        assert list(root.iterdir()) == []  # no hidden .<id>.tmp left
+    r = train(config(tmp_path))  # the lock was let go: the next run starts
+    assert r.exit_code == 0, r.output
+    assert starts(tmp_path) == 1
+
+
 def test_the_latest_run_is_the_last_created_even_within_one_second(tmp_path, isolated_home):
     from ftlaunch.run.store import list_runs
 
