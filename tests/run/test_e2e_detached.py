@@ -54,10 +54,13 @@ def test_run_survives_the_starting_sessions_sighup(tiny, tmp_path):
     cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, out, max_steps=12, save_steps=4))
     idfile = tmp_path / "id.json"
     # A whole "SSH session": its own session and process group, then hung up like a dropped connection.
+    # SIGHUP as a login shell has it (default): a suite started under nohup ignores it, and an ignored
+    # signal is inherited, so the hang-up would end nothing (the shell outlived it, a CI run saw).
     shell = subprocess.Popen(
         ["bash", "-c", f"{venv_bin() / 'ftlaunch'} train {cfg} --json > {idfile}; sleep 300"],
         env=slow_env(),
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     run = wait_for(lambda: idfile.exists() and idfile.read_text().strip() and json.loads(idfile.read_text()))
     assert Path(run["run_dir"]).is_dir()
