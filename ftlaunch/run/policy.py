@@ -16,12 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ftlaunch.run.health import OnDiverge
-
-if TYPE_CHECKING:
-    from ftlaunch.run.state import RunState
 
 # Bounds on the numbers a user types (issue 31).
 MAX_RETRIES = 1000  # a retry budget beyond this is no budget
@@ -175,9 +172,19 @@ class RecoveryPolicy:
         }
 
     @classmethod
-    def of_state(cls, state: RunState) -> RecoveryPolicy:
+    def of_state(cls, state: RecordsPolicy) -> RecoveryPolicy:
         """The policy a run's state records (a state written before the record reads the same)."""
         return cls(state.budget.limits, state.recover, state.on_diverge or OnDiverge.ROLLBACK, state.stall_timeout)
+
+
+class RecordsPolicy(Protocol):
+    """What records a policy: a run's RunState (ftlaunch.run.state, which imports this module; named
+    by its fields here so the two need not import each other)."""
+
+    budget: Budget
+    recover: bool
+    on_diverge: OnDiverge | None
+    stall_timeout: float | None
 
 
 @dataclass(frozen=True, init=False)
