@@ -17,6 +17,7 @@ from ftlaunch.present.tables import Bar, Cell, Col, Grid, kv_table
 
 if TYPE_CHECKING:
     from ftlaunch.plan.planner import Plan
+    from ftlaunch.run.runview import CostView
     from ftlaunch.run.view import RunView
 
 
@@ -106,14 +107,21 @@ def fmt_seconds(s: float | None) -> str:
 STATUS_PATHS = {"output_dir", "run_dir"}  # wrap at their slashes; every other value is prose (tokens whole)
 
 
+def _cost_rows(cost: CostView) -> tuple[tuple[str, Any], ...]:
+    """What the run has cost: GPU-hours on GPUs; on the CPU (no GPU planned) the time it has run,
+    since its GPU-hours are 0 by definition."""
+    if cost.gpus == 0:
+        return (("CPU run, time so far", fmt_seconds(cost.wall_seconds)),)
+    return (("GPU-hours so far", cost.gpu_hours), ("GPU-hours projected", cost.gpu_hours_projected))
+
+
 def _status_rows(v: RunView) -> tuple[tuple[str, Any], ...]:
     """The rows of `status` under its progress bar, in order: label and value (None: not shown)."""
     return (
         ("attempt", v.attempt),
         ("loss", v.loss),
         ("tokens/s", v.cost.tokens_per_second),
-        ("GPU-hours so far", v.cost.gpu_hours),
-        ("GPU-hours projected", v.cost.gpu_hours_projected),
+        *_cost_rows(v.cost),
         ("steps/s", v.steps_per_second),
         ("micro-batch", v.micro_batch),
         ("accumulation", v.accumulation),

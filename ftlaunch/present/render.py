@@ -76,7 +76,9 @@ def plan_renderables(plan: Plan, title: str = "ftlaunch plan") -> list[Any]:
 
 def memory_table(mem: MemoryPrediction) -> Grid:
     """The memory model's figures and verdict: fits (within the headroom), tight (runs, with less
-    headroom than the target) or does not fit."""
+    headroom than the target) or does not fit. Every figure row is GiB: the optimizer is named in its
+    row's label, and host RAM for offloaded states shows only when there are some (never on a CPU plan,
+    where the whole table is host memory)."""
     t = Grid(
         Col("component"),
         Col("GiB", "prose"),
@@ -89,18 +91,17 @@ def memory_table(mem: MemoryPrediction) -> Grid:
     for name, gib in (
         ("weights", e.weights_gib),
         ("gradients", e.gradients_gib),
-        ("optimizer", e.optimizer_gib),
+        (f"optimizer ({mem.optimizer})" if mem.optimizer else "optimizer", e.optimizer_gib),
         ("activations", e.activations_gib),
         ("logits", e.logits_gib),
         ("overhead", e.overhead_gib),
         ("peak", e.peak_gib),
         ("capacity", mem.capacity_gib),
         ("usable", mem.usable_gib),
-        ("host", e.host_gib),
+        ("host (offloaded states)", e.host_gib if e.host_gib and mem.device != "host" else None),
     ):
-        t.add_row(name, f"{gib:.2f}")
-    if mem.optimizer:
-        t.add_row("optimizer", mem.optimizer)
+        if gib is not None:
+            t.add_row(name, f"{gib:.2f}")
     left = f"{mem.headroom_gib:.2f} GiB ({mem.headroom_share:.1%}) free"
     t.add_row("verdict", "; ".join((mem.verdict.shown, left, f"target headroom {mem.headroom:.0%}")))
     if mem.correction != 1:

@@ -42,15 +42,19 @@ class StallView:
 
 @dataclass(frozen=True)
 class CostView:
-    """tokens/s of this attempt and GPU-hours so far / projected, from the run's own records."""
+    """tokens/s of this attempt and GPU-hours so far / projected, from the run's own records. ``gpus``
+    (0: a CPU run, None: not recorded) decides whether `status` speaks of GPU-hours or of time."""
 
     tokens_per_second: float | None = None
     wall_seconds: float = 0.0
     gpu_hours: float = 0.0
     gpu_hours_projected: float | None = None
+    gpus: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)  # the fields are the JSON keys, in order
+        d = asdict(self)  # the fields are the JSON keys, in order; gpus is for the table only
+        del d["gpus"]
+        return d
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, 
         wall_seconds=round(busy, 1),
         gpu_hours=round(so_far, 4),
         gpu_hours_projected=None if left is None else round(so_far + left * gpus, 4),
+        gpus=state.gpu_count,
     )
 
 
