@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The embedded default: a real LLaMA-Factory training run of a tiny model made locally.
-# Sets up .venv, makes the model and data under .demo/, shows the plan for a cluster config,
-# trains it detached while following the log, then prints the run's status.
+# Sets up .venv, makes the model and data under .demo/, then trains a config written for 8 GPUs
+# (train prints its plan for this machine once, then the run is detached and its log followed),
+# prints the run's status and says where the demo's runs are kept and how to see them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,9 +12,15 @@ if [ ! -f .demo/model/config.json ]; then
   .venv/bin/python scripts/make_tiny.py .demo --rows 512
 fi
 rm -rf .demo/saves/tiny-full-sft
-echo "== plan: a config written for 8 GPUs with bf16 and ZeRO-2, adapted to this machine"
-.venv/bin/ftlaunch plan templates/demo/tiny_full_sft.yaml --source-gpus 8
-echo "== train (detached, following the log)"
+echo "== train: a config written for 8 GPUs with bf16 and ZeRO-2, planned for this machine, then run detached"
 .venv/bin/ftlaunch train templates/demo/tiny_full_sft.yaml --source-gpus 8 --follow
 echo "== status"
 .venv/bin/ftlaunch status
+cat <<MSG
+== where the demo's runs are
+The demo keeps its runs in its own FTLAUNCH_HOME, $FTLAUNCH_HOME (not your ~/.local/state/ftlaunch),
+so \`ftlaunch runs\` without it does not list them. To see them:
+  FTLAUNCH_HOME=$FTLAUNCH_HOME .venv/bin/ftlaunch runs
+  FTLAUNCH_HOME=$FTLAUNCH_HOME .venv/bin/ftlaunch status
+  FTLAUNCH_HOME=$FTLAUNCH_HOME .venv/bin/ftlaunch logs
+MSG
