@@ -14,10 +14,12 @@ file is a ``NotifyConfigError`` (exit 19) before a run is created.
 ``Notifier`` is what the supervisor holds: ``event(name, **details)`` only queues. One daemon thread
 builds the message from the run folder (run id and name, config, machine, status, steps, elapsed,
 last loss and a trend, output_dir, last checkpoint; on a failure the cause and the log's last lines;
-secrets redacted), delivers it to each destination with a short timeout and a few retries with
-backoff, and records each outcome as a ``notified`` event. Nothing here raises into the supervisor; ``close``
-waits a moment for the queue, then hands what is left to a detached child (``python -m
-ftlaunch.run.notify RUN_DIR``, the jobs on stdin) so a dead destination never delays the run's end.
+secrets redacted), delivers it to each destination with a few retries with backoff, all within one
+deadline per destination (``DEADLINE_S``; ftlaunch.run.notify_delivery bounds each try as a whole,
+and kills a command's whole process group), and records each outcome as a ``notified`` event.
+Nothing here raises into the supervisor; ``close`` waits a moment for the queue, then hands what is
+left to a detached child (``python -m ftlaunch.run.notify RUN_DIR``, the jobs on stdin, each with its
+deadline) so a dead destination never delays the run's end, and the child ends by the last deadline.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import sys
 import threading
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,6 +43,7 @@ from typing import Any
 from ftlaunch.errors import ConfigError, NotifyConfigError, StateError
 from ftlaunch.files import home, now_iso
 from ftlaunch.run.events import Event
+from ftlaunch.run.notify_delivery import HTTP, TIMEOUT_S, apprise_send, post_or_run
 from ftlaunch.run.secrecy import NOTIFY_KEY, scrub, secret_values
 
 EVENTS = (
@@ -59,11 +61,11 @@ EVENTS = (
     "lost",
 )
 FAILURE_EVENTS = frozenset({"failed", "stalled", "no_progress", "diverged", "disk_full", "env_changed", "lost"})
-HTTP = ("http://", "https://")
-TIMEOUT_S = 5.0
+DEADLINE_S = 30.0  # one notification to one destination, all its tries: after it, given up
 RETRIES = 3
 BACKOFF_S = 0.5
 CLOSE_WAIT_S = 0.5
+LATE_S = 3.0  # the detached child waits this past the last deadline for its tries to end (a command's grace)
 LOG_LINES = 20
 _SPLIT = re.compile(r"[\s,]+")
 NOTIFY_FILE = "notify.yaml"  # in FTLAUNCH_HOME: the destinations of every run given none of its own
@@ -396,112 +398,24 @@ def latest_step(
 # ---------------------------------------------------------------- delivery (one try; never raises)
 
 
-def deliver(target: str, msg: Mapping[str, Any], env: Mapping[str, str], timeout: float = TIMEOUT_S) -> str | None:
-    """Send ``msg`` to one destination once: None when it went, else why not."""
+def deliver(target: str, msg: Mapping[str, Any], env: Mapping[str, str], limit: float = DEADLINE_S) -> str | None:
+    """Send ``msg`` to one destination once, within ``limit`` seconds in all: None when it went, else
+    why not (ftlaunch.run.notify_delivery bounds each kind)."""
     try:
         if target.startswith("cmd:"):
-            return post_or_run(target[4:], msg, env, timeout, extra_env={"FTLAUNCH_EVENT": str(msg.get("event"))})
+            return post_or_run(target[4:], msg, env, limit, extra_env={"FTLAUNCH_EVENT": str(msg.get("event"))})
         if target.startswith(HTTP):
-            return post_or_run(target, msg, env, timeout)
-        return _apprise(target, msg, timeout)
+            return post_or_run(target, msg, env, limit)
+        return apprise_send(target, title_of(msg), text_of(msg), limit)
     except Exception as exc:  # a notification never fails the run
         return f"{type(exc).__name__}: {exc}"
-
-
-def _apprise(url: str, msg: Mapping[str, Any], timeout: float) -> str | None:
-    try:
-        import apprise
-    except ImportError:
-        return "apprise is not installed: pip install 'ftlaunch[notify]'"
-    a = apprise.Apprise()
-    sep = "&" if "?" in url else "?"
-    if not a.add(f"{url}{sep}cto={timeout:g}&rto={timeout:g}" if "cto=" not in url else url):
-        return f"apprise does not understand {redact_target(url)}"
-    import logging
-
-    with apprise.LogCapture(level=logging.WARNING) as log:  # apprise's reason, said in the event
-        ok = a.notify(body=text_of(msg), title=title_of(msg))
-    if ok:
-        return None
-    said = [ln.split(" - ", 2)[-1].strip() for ln in log.getvalue().splitlines() if ln.strip()]
-    why = f": {_hidden(said[-1][:300], url)}" if said else ""
-    return f"apprise could not deliver to {redact_target(url)}{why}"
-
-
-def _hidden(text: str, url: str) -> str:
-    """``text`` without ``url`` or any part of it: an apprise URL's host, user, password, path and
-    query values may each be a token (tgram://BOTTOKEN/..., slack://TA/TB/TC, mailto://u:PASSWORD@...)."""
-    u = urllib.parse.urlsplit(url)
-    parts = [url, u.netloc, u.hostname, u.username, u.password, *u.path.split("/")]
-    parts += [v for _, v in urllib.parse.parse_qsl(u.query)]
-    values = {x for part in parts if part for x in (part, urllib.parse.unquote(part)) if len(x) >= 4}
-    for value in sorted(values, key=len, reverse=True):
-        text = text.replace(value, "***")
-    return text
-
-
-def post_or_run(
-    target: str,
-    data: Mapping[str, Any],
-    env: Mapping[str, str],
-    timeout: float = 10.0,
-    extra_env: Mapping[str, str] | None = None,
-) -> str | None:
-    """POST ``data`` as JSON to an http(s) URL, or run a command with it on stdin and in FTLAUNCH_*
-    variables. None on success, else why it failed. Never raises."""
-    body = json.dumps(data, default=str)
-    try:
-        if target.startswith(HTTP):
-            req = urllib.request.Request(
-                target, data=body.encode(), headers={"Content-Type": "application/json"}, method="POST"
-            )
-            with _opener(target, env).open(req, timeout=timeout) as resp:
-                resp.read(1 << 16)
-            return None
-        child = dict(env)
-        child.update(
-            FTLAUNCH_SUMMARY=body,
-            FTLAUNCH_STATUS=str(data.get("status")),
-            FTLAUNCH_RUN_ID=str(data.get("run_id") or ""),
-            FTLAUNCH_SCHEDULE=str(data.get("schedule")),
-            FTLAUNCH_OUTPUT_DIR=str(data.get("output_dir") or ""),
-            **(extra_env or {}),
-        )
-        r = subprocess.run(
-            ["/bin/sh", "-c", target],
-            input=body,
-            env=child,
-            capture_output=True,
-            text=True,
-            timeout=timeout * 6,
-            start_new_session=True,
-        )
-        if r.returncode != 0:
-            return f"notify command exited {r.returncode}: {r.stderr.strip()[-300:]}"
-        return None
-    except Exception as exc:  # whatever the notifier does, the run's result stands
-        return f"{type(exc).__name__}: {exc}"
-
-
-def _opener(url: str, env: Mapping[str, str]) -> urllib.request.OpenerDirector:
-    """Proxies from ``env`` (not os.environ), never for loopback or no_proxy hosts."""
-    host = urllib.parse.urlsplit(url).hostname or ""
-    no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
-    proxies: dict[str, str] = {}
-    if host not in ("localhost", "127.0.0.1", "::1") and not urllib.request.proxy_bypass_environment(
-        host, {"no": no_proxy}
-    ):
-        for scheme in ("http", "https"):
-            value = env.get(f"{scheme}_proxy") or env.get(f"{scheme.upper()}_PROXY")
-            if value:
-                proxies[scheme] = value
-    return urllib.request.build_opener(urllib.request.ProxyHandler(proxies))
 
 
 # ---------------------------------------------------------------- the supervisor's notifier
 
 
-Deliver = Callable[[str, Mapping[str, Any], Mapping[str, str]], str | None]
+# (destination, message, environment, seconds left): None when it went, else why not
+Deliver = Callable[[str, Mapping[str, Any], Mapping[str, str], float], str | None]
 
 
 @dataclass(eq=False)
@@ -510,6 +424,7 @@ class _Job:
     msg: dict[str, Any]
     tries: int = 0
     sending: bool = False  # a try under way (set under the notifier's lock): what close() hands on as in flight
+    until: float | None = None  # its deadline (time.time(): it crosses to the child), set at its first try
 
 
 @dataclass(eq=False)
@@ -563,8 +478,10 @@ class Notifier:
         backoff: float = BACKOFF_S,
         close_wait: float = CLOSE_WAIT_S,
         spawn: Callable[..., Any] = subprocess.Popen,
+        deadline: float = DEADLINE_S,
     ) -> None:
         self.run_dir = run_dir
+        self.deadline = deadline
         self.spec = spec
         self.env = dict(env)
         self.send = send
@@ -630,15 +547,23 @@ class Notifier:
                 self.attempt(job, queued=True)
 
     def attempt(self, job: _Job, queued: bool = False) -> bool:
-        """Try one job, retrying with backoff; record the outcome as a `notified` event. A ``queued``
-        job that ``close`` handed on meanwhile is left to the child (no second try, no second record);
-        handed on while a try was under way, a delivered one is recorded here (the child, which waits
-        for that record, then sends nothing: no message twice), a failed one left to the child."""
+        """Try one job, retrying with backoff, every try within the job's one deadline (``until``: set at
+        its first try, ``deadline`` seconds on; kept when the job is handed on); record the outcome as a
+        `notified` event. A ``queued`` job that ``close`` handed on meanwhile is left to the child (no
+        second try, no second record); handed on while a try was under way, a delivered one is recorded
+        here (the child, which waits for that record, then sends nothing: no message twice), a failed
+        one left to the child."""
         err: str | None = "not tried"
         handed_on = False
+        if job.until is None:
+            job.until = time.time() + self.deadline
         while job.tries < self.retries:
             if job.tries:
-                time.sleep(self.backoff * 2 ** (job.tries - 1))
+                time.sleep(max(0.0, min(self.backoff * 2 ** (job.tries - 1), job.until - time.time())))
+            left = job.until - time.time()
+            if left <= 0:
+                err = f"{'' if err == 'not tried' else f'{err}; '}given up: its deadline passed"
+                break
             with self._lock:
                 if queued and job not in self._pending:
                     return False
@@ -646,7 +571,7 @@ class Notifier:
             job.tries += 1
             err = "not sent"
             try:
-                err = self.send(self.targets[job.target], job.msg, self.env)
+                err = self.send(self.targets[job.target], job.msg, self.env, left)
             finally:
                 with self._lock:  # one step with the try's end: close() sees it under way, or done
                     job.sending = False
@@ -659,6 +584,27 @@ class Notifier:
             return False  # the child tries it again and records it
         self._record(job, err)
         return err is None
+
+    def jobs_of(self, j: Mapping[str, Any]) -> list[tuple[_Job, bool]]:
+        """A job as ``close`` handed it on: (job, whether a try of it was under way then); an event
+        not built yet is built now, a job for each destination that chose it."""
+        until = float(j.get("until") or time.time() + self.deadline)
+        if "event" in j:
+            seen = float(j.get("seen_at") or time.time())
+            msg = self.build(_Event(str(j["event"]), dict(j.get("details") or {}), seen))
+            wanted = [i for i in range(len(self.targets)) if self.spec.wants(i, msg["event"])]
+            return [(_Job(i, msg, until=until), False) for i in wanted]
+        if not 0 <= int(j["target"]) < len(self.targets):
+            return []
+        tries = max(0, min(int(j.get("tries", 0)), self.retries - 1))
+        return [(_Job(int(j["target"]), dict(j["msg"]), tries=tries, until=until), bool(j.get("in_flight")))]
+
+    def finish(self, job: _Job, in_flight: bool) -> None:
+        """A handed-on job: one whose try was under way at the handover waits for the supervisor's record
+        of it (delivered: nothing more), at most until its deadline; then tried to the end of it."""
+        if in_flight and self.told(job, min(TIMEOUT_S + 1, (job.until or 0.0) - time.time())):
+            return
+        self.attempt(job)
 
     def told(self, job: _Job, wait: float) -> bool:
         """Whether ``job`` was recorded delivered (by the supervisor's thread, whose try was under way
@@ -702,10 +648,11 @@ class Notifier:
         self._queue.put(None)
         self._thread.join(self.close_wait)
         with self._lock:  # "in flight" read with the pending jobs: a try starts and ends under this lock
+            until = time.time() + self.deadline  # a job not tried yet: it ends by the run's end + the deadline
             jobs = [
-                {"target": j.target, "tries": j.tries, "msg": j.msg, "in_flight": j.sending}
+                {"target": j.target, "tries": j.tries, "msg": j.msg, "in_flight": j.sending, "until": j.until or until}
                 if isinstance(j, _Job)
-                else {"event": j.name, "details": j.details, "seen_at": j.seen_at}
+                else {"event": j.name, "details": j.details, "seen_at": j.seen_at, "until": until}
                 for j in self._pending
             ]
             self._pending.clear()
@@ -810,20 +757,17 @@ def _scrubbed(err: str, targets: Iterable[str]) -> str:
 
 
 def _finish_jobs(run_dir: Path, env: Mapping[str, str], jobs: list[Mapping[str, Any]]) -> None:
-    """The detached child: the supervisor's leftover jobs, each retried to the end of its budget."""
+    """The detached child: the supervisor's leftover jobs, all at once (a slow destination delays no
+    other), each retried within its deadline; returns by the last deadline (a try left behind past it
+    ends with the child)."""
     n = Notifier.for_run(run_dir, env)
-    # those whose try was under way at the handover last: waiting for that try's record delays no other
-    for j in sorted(jobs, key=lambda j: bool(j.get("in_flight"))):
-        if "event" in j:  # seen, never built: built now, for every destination
-            msg = n.build(_Event(str(j["event"]), dict(j.get("details") or {}), float(j.get("seen_at") or time.time())))
-            for i in range(len(n.targets)):
-                if n.spec.wants(i, msg["event"]):
-                    n.attempt(_Job(i, msg))
-        elif 0 <= int(j["target"]) < len(n.targets):
-            job = _Job(int(j["target"]), dict(j["msg"]), tries=max(0, min(int(j.get("tries", 0)), RETRIES - 1)))
-            if j.get("in_flight") and n.told(job, TIMEOUT_S + 1):
-                continue  # the supervisor's try went through after all
-            n.attempt(job)
+    work = [w for j in jobs for w in n.jobs_of(j)]
+    threads = [threading.Thread(target=n.finish, args=w, name="ftlaunch-notify", daemon=True) for w in work]
+    for t in threads:
+        t.start()
+    last = max((job.until or 0.0 for job, _ in work), default=0.0)
+    for t in threads:  # a command's group gets its grace and is reaped after its deadline: a little slack
+        t.join(max(0.0, last - time.time()) + LATE_S)
 
 
 def main(argv: list[str] | None = None) -> int:

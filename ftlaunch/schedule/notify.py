@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ftlaunch.run.notify import post_or_run
+from ftlaunch.run.notify import DEADLINE_S, post_or_run
 from ftlaunch.schedule.records import EntryStatus
 
 
@@ -61,9 +61,10 @@ def redact_target(target: str | None) -> str | None:
     return f"{words[0]} ..." if words else target
 
 
-def notify(target: str, data: Mapping[str, Any], env: Mapping[str, str], timeout: float = 10.0) -> str | None:
+def notify(target: str, data: Mapping[str, Any], env: Mapping[str, str], timeout: float = DEADLINE_S) -> str | None:
     """POST ``data`` as JSON to a URL, or run a command with it on stdin and in FTLAUNCH_* variables:
-    the supervisor's own delivery (ftlaunch.run.notify.post_or_run), once.
+    the supervisor's own delivery (ftlaunch.run.notify.post_or_run), once, all of it within ``timeout``
+    seconds (a command's whole process group killed past it).
 
     Returns None on success, else why it failed. Never raises: a notifier never fails the run.
     """

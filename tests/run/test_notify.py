@@ -321,9 +321,9 @@ def test_a_message_in_flight_when_the_supervisor_ends_is_not_sent_twice(tmp_path
     nt.keep_spec(run_dir, spec)
     release, handed = threading.Event(), []
 
-    def slow(target, msg, env):
+    def slow(target, msg, env, limit):
         release.wait(10)
-        return nt.deliver(target, msg, env)
+        return nt.deliver(target, msg, env, limit)
 
     n = nt.Notifier(run_dir, spec, env, send=slow, close_wait=0.05, spawn=child_taking(handed))
     n.event("started")
