@@ -132,19 +132,20 @@ def test_a_server_dripping_a_byte_every_2s_is_given_up_at_the_deadline(drip):
     err = nt.deliver(f"http://127.0.0.1:{drip.port}/hook?token=T0K3N", MSG, {}, 3.0)
     took = time.monotonic() - t0
     print(f"\na dripping destination, deadline 3 s: given up after {took:.2f} s")
-    assert err is not None and "deadline" in err and 3.0 <= took < 3.0 + 2.0
+    assert err is not None and "deadline" in err and 3.0 <= took < 3.0 + 3.0
     assert drip.accepted and len(drip.accepted) == 1
     wait_for(lambda: drip.client_closed, "the server to see the connection shut", timeout=30)
-    assert drip.client_closed[0] - t0 < 3.0 + 3.0
+    assert drip.client_closed[0] - t0 < 3.0 + 5.0
     wait_for(lambda: not [t for t in threading.enumerate() if t.name == "ftlaunch-notify-try"], "the try's thread")
 
 
 def test_an_apprise_delivery_is_bounded_too(drip):
-    pytest.importorskip("apprise")
+    apprise = pytest.importorskip("apprise")
+    assert apprise.Apprise().add("json://127.0.0.1:9/warm")  # its plugins loaded: the deadline is the try's
     t0 = time.monotonic()
     err = nt.deliver(f"json://127.0.0.1:{drip.port}/hook", MSG, {}, 3.0)
     took = time.monotonic() - t0
-    assert err is not None and "deadline" in err and took < 3.0 + 2.0
+    assert err is not None and "deadline" in err and 3.0 <= took < 3.0 + 3.0
     wait_for(lambda: drip.accepted, "apprise's connection")
 
 
