@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,11 @@ from ftlaunch.run.store import json_lines
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
+# What torch.save wrote in a checkpoint (optimizer.pt, scheduler.pt, scaler.pt, rng_state*.pth, *.bin weights,
+# training_args.bin; DeepSpeed's global_stepN/*.pt): each is checked as readable by its zip structure.
+TORCH_FILES = ("*.pt", "*.pth", "*.bin", "global_step*/*.pt")
+ZIP_MAGIC = b"PK\x03\x04"  # a zip's local file header; torch.save writes a zip since torch 1.6
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length: 30 bytes
 
 
 @dataclass(frozen=True)
@@ -126,11 +132,61 @@ def _safetensors_header_ok(path: Path) -> bool:
         return False
 
 
+def torch_file_problem(path: Path) -> str | None:
+    """Why torch.load would fail on ``path`` for want of bytes, judged without torch; None when it is whole.
+
+    torch.save writes a zip archive: it is whole when its end-of-central-directory record is there (a
+    file cut short has lost it: torch's "failed finding central directory"), its central directory
+    reads, and every entry's local header sits where the directory says, its data ending before the
+    next entry (or the directory) begins. No entry is decompressed and no CRC is computed: a few reads
+    per entry, milliseconds for a multi-GB optimizer.pt (scripts/bench_checkpoint_check.py)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            if not head:
+                return "empty"
+            if ZIP_MAGIC.startswith(head) and head != ZIP_MAGIC:
+                return f"cut short at {len(head)} bytes"
+            if head != ZIP_MAGIC:
+                # Not a zip: torch.save's legacy format (before torch 1.6, or _use_new_zipfile_serialization=
+                # False) is a bare pickle stream with no index to check short of unpickling it: accepted.
+                return None
+            with zipfile.ZipFile(f) as archive:
+                return _zip_entries_problem(f, archive.infolist(), archive.start_dir)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error) as exc:
+        return f"its zip index does not read: {exc}"
+
+
+def _zip_entries_problem(f: Any, entries: list[zipfile.ZipInfo], directory: int) -> str | None:
+    """The first entry whose local header is missing or whose data runs past the next one's start."""
+    if not entries:
+        return "its zip archive lists no entries"
+    entries = sorted(entries, key=lambda e: e.header_offset)
+    limits = [e.header_offset for e in entries[1:]] + [directory]
+    for entry, limit in zip(entries, limits, strict=True):
+        f.seek(entry.header_offset)
+        raw = f.read(_LOCAL_HEADER.size)
+        if len(raw) < _LOCAL_HEADER.size or raw[:4] != ZIP_MAGIC:
+            return f"no local header for {entry.filename} at byte {entry.header_offset}"
+        _, name_len, extra_len = _LOCAL_HEADER.unpack(raw)
+        end = entry.header_offset + _LOCAL_HEADER.size + name_len + extra_len + entry.compress_size
+        if end > limit:
+            return f"{entry.filename} runs past byte {limit}"
+    return None
+
+
+def torch_files(ckpt: Path) -> list[Path]:
+    """The files torch.save wrote in a checkpoint (TORCH_FILES), sorted."""
+    return sorted({p for pattern in TORCH_FILES for p in ckpt.glob(pattern) if p.is_file()})
+
+
 def checkpoint_problems(ckpt: Path, weights_only: bool = False) -> list[str]:
     """Why a checkpoint is not complete; empty when it is.
 
-    Complete = trainer_state.json parses, weights exist (safetensors headers and sizes check out)
-    and optimizer/scheduler state exists unless the run saves weights only.
+    Complete = trainer_state.json parses, weights exist (safetensors headers and sizes check out),
+    every file torch.save wrote is a whole zip (``torch_file_problem``: optimizer, scheduler, rng
+    states, .bin weights, DeepSpeed's global_stepN/), and optimizer state exists unless the run saves
+    weights only.
     """
     problems = []
     state = ckpt / "trainer_state.json"
@@ -154,6 +210,9 @@ def checkpoint_problems(ckpt: Path, weights_only: bool = False) -> list[str]:
     for w in weights:
         if w.suffix == ".safetensors" and w.exists() and not _safetensors_header_ok(w):
             problems.append(f"{w.name} is truncated or corrupt")
+    for t in torch_files(ckpt):
+        if (why := torch_file_problem(t)) is not None:
+            problems.append(f"{t.relative_to(ckpt)} is truncated or corrupt ({why})")
     # DeepSpeed saves optimizer state under global_stepN/; the HF Trainer as optimizer.pt.
     has_opt = (ckpt / "optimizer.pt").exists() or any(ckpt.glob("global_step*"))
     if not has_opt and not weights_only:  # save_only_model: true keeps no optimizer state
