@@ -19,7 +19,11 @@ FAKE_TRAINER_SCRIPT is a JSON list, one entry per attempt (the last repeats), ea
                                     train like the real trainer (resume from the last checkpoint-N); crash
                                     after saving that many checkpoints in this attempt; or print step
                                     hang_at, then hang forever (the stall watchdog's case); "enospc_at": k
-                                    writes half of checkpoint-k, then fails as a full disk does
+                                    writes half of checkpoint-k, then fails as a full disk does;
+                                    "zip_state": true writes optimizer.pt as a zip laid out as torch.save's;
+                                    "load_check": true reads the resumed checkpoint's *.pt as torch.load
+                                    would (every zip entry, CRCs too) and fails as the real trainer does
+                                    ("PytorchStreamReader failed ...") when one does not read
 It counts attempts in FAKE_TRAINER_COUNTER and records each config it was given.
 """
 
@@ -126,6 +130,10 @@ def train(out: Path, step: dict) -> int:
     """Resume from the last checkpoint-N, log each step, save every save_steps; crash or hang as told."""
     done = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
     start, total, save = max(done, default=0), step.get("steps", 20), step.get("save_steps", 4)
+    if start and step.get("load_check"):
+        print(f"Resuming training from {out / f'checkpoint-{start}'}.", flush=True)  # as llamafactory says it
+        if not load_like_torch(out / f"checkpoint-{start}"):
+            return 1
     saves = 0
     for i in range(start + 1, total + 1):
         time.sleep(step.get("step_sleep", 0.0))
@@ -141,7 +149,7 @@ def train(out: Path, step: dict) -> int:
             print(f"step {i}: hanging", flush=True)
             time.sleep(3600)
         if i % save == 0:
-            write_checkpoint(out, i)
+            write_checkpoint(out, i, zip_state=bool(step.get("zip_state")))
             saves += 1
             if saves == step.get("crash_after_saves"):
                 print(f"Traceback (most recent call last):\nRuntimeError: crash after checkpoint-{i}", flush=True)
@@ -149,15 +157,56 @@ def train(out: Path, step: dict) -> int:
     return 0
 
 
-def write_checkpoint(out: Path, step: int) -> Path:
-    """A complete checkpoint-N as ftlaunch checks it: state, optimizer, a valid safetensors file."""
+def write_checkpoint(out: Path, step: int, zip_state: bool = False) -> Path:
+    """A complete checkpoint-N as ftlaunch checks it: state, optimizer, a valid safetensors file.
+    ``zip_state``: optimizer.pt is a zip archive laid out as torch.save's (else one byte, not a zip)."""
     ck = out / f"checkpoint-{step}"
     ck.mkdir(parents=True, exist_ok=True)
     (ck / "trainer_state.json").write_text("{}")
-    (ck / "optimizer.pt").write_bytes(b"x")
+    if zip_state:
+        write_torch_like_zip(ck / "optimizer.pt", {"data.pkl": b"\x80\x02}q\x00.", "data/0": bytes(range(256)) * 64})
+    else:
+        (ck / "optimizer.pt").write_bytes(b"x")
     header = b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
     (ck / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0\0\0")
     return ck
+
+
+def write_torch_like_zip(path: Path, entries: dict) -> None:
+    """A zip as torch.save writes one: stored entries under one folder named after the file."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+        for name, data in {**entries, "version": b"3\n"}.items():
+            z.writestr(f"{path.stem}/{name}", data)
+
+
+def load_like_torch(ck: Path) -> bool:
+    """Read every *.pt of ``ck`` whole, as torch.load does (a zip's CRCs checked): False, with the real
+    trainer's traceback printed, when one does not read."""
+    import zipfile
+
+    for f in sorted(ck.glob("*.pt")):
+        try:
+            with zipfile.ZipFile(f) as z:
+                bad = z.testzip()  # the first entry whose CRC is wrong
+        except (zipfile.BadZipFile, OSError):
+            what = "failed reading zip archive: failed finding central directory"
+        else:
+            if bad is None:
+                continue
+            what = f"failed reading file {bad.split('/', 1)[-1]}: invalid header or archive is corrupted"
+        print(
+            "Traceback (most recent call last):\n"
+            '  File "transformers/trainer.py", line 2325, in train\n'
+            '  File "transformers/trainer.py", line 2480, in _inner_training_loop\n'
+            '  File "transformers/trainer.py", line 3371, in _load_optimizer_and_scheduler\n'
+            '  File "torch/serialization.py", line 1479, in load\n'
+            f"RuntimeError: PytorchStreamReader {what}",
+            flush=True,
+        )
+        return False
+    return True
 
 
 def write_config(folder: Path, **over) -> Path:

@@ -1,7 +1,10 @@
 """Watching an output_dir's checkpoints during an attempt, and setting incomplete ones aside before one.
 
 A checkpoint counts once it is complete (``ftlaunch.run.progress.checkpoint_problems`` finds nothing
-missing): the trainer writes its files one by one, and a half-written one must never be resumed from.
+missing or torn): the trainer writes its files one by one, and a half-written one must never be resumed
+from. One that looked complete but that the trainer could not load is set aside after that attempt
+(``set_aside_unloadable``), so the next resumes from the one before. Set aside = renamed
+``incomplete-checkpoint-N-<time>``, never deleted.
 """
 
 from __future__ import annotations
@@ -33,10 +36,35 @@ def set_aside_incomplete(out: Path, weights_only: bool, now: float | None = None
         problems = prog.checkpoint_problems(path, weights_only)
         if not problems:
             break
-        target = out / f"incomplete-{path.name}-{int(time.time() if now is None else now)}"
-        path.rename(target)
-        moved.append(SetAside(path.name, target.name, tuple(problems)))
+        moved.append(_move_aside(path, problems, now))
     return moved
+
+
+def set_aside_unloadable(out: Path, name: str | None, why: str, now: float | None = None) -> SetAside | None:
+    """Move aside the checkpoint an attempt resumed from (``name``, as the run's state recorded it) and
+    could not load; None when there is none to move (the attempt started from the base model, or the
+    folder is gone). The trainer resumes from the newest checkpoint-N, so the next attempt takes the one
+    before; each attempt can set aside at most the one it resumed from, and the crash budget and the
+    restart brake bound the attempts."""
+    path = out / name if name and prog.CHECKPOINT_RE.match(name) else None
+    if path is None or not path.is_dir():
+        return None
+    return _move_aside(path, [f"the trainer could not load it: {why}"], now)
+
+
+def _move_aside(path: Path, problems: list[str], now: float | None) -> SetAside:
+    target = free_name(path.parent, f"incomplete-{path.name}-{int(time.time() if now is None else now)}")
+    path.rename(target)
+    return SetAside(path.name, target.name, tuple(problems))
+
+
+def free_name(folder: Path, base: str) -> Path:
+    """``folder/base``, or ``base-2``, ``base-3``... when taken: a set-aside never overwrites another."""
+    path, n = folder / base, 1
+    while path.exists():
+        n += 1
+        path = folder / f"{base}-{n}"
+    return path
 
 
 class CheckpointWatch:

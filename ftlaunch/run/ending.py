@@ -1,6 +1,7 @@
 """Why an attempt ended, with what only the world shows: the pure ``recovery.why_it_ended`` over the
 AttemptEnd, then, for an ENOSPC (or the check before a save), the failed save's partial folder removed,
-and for a bare SIGKILL, the kernel log asked whether the host's OOM killer sent it (issue 11)."""
+for a bare SIGKILL, the kernel log asked whether the host's OOM killer sent it (issue 11), and for a
+checkpoint the trainer could not load on resume, that checkpoint set aside (issue 40)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.run import progress as prog
+from ftlaunch.run import transitions
+from ftlaunch.run.checkpoints import set_aside_unloadable
 from ftlaunch.run.disk import enospc_line
+from ftlaunch.run.events import Event
 from ftlaunch.run.journal import RunJournal
-from ftlaunch.run.recovery import AttemptEnd, Exit, why_it_ended
+from ftlaunch.run.recovery import UNLOADABLE, AttemptEnd, Exit, why_it_ended
 from ftlaunch.run.state import FailureKind, RunState
 from ftlaunch.run.watch.disk import after_disk_full
 
@@ -40,7 +44,25 @@ def explain(
         return after_disk_full(ex, out, weights_only, ended.disk, journal)
     if ex.kind is FailureKind.HOST_OOM:
         return with_kernel_evidence(ex, ended.trainer_pid, read_kernel_log)
+    if ex.detail.get(UNLOADABLE):
+        return after_unloadable(ex, out, ended.resume_from, journal)
     return ex
+
+
+def after_unloadable(ex: Exit, out: Path, resumed: str | None, journal: RunJournal) -> Exit:
+    """The trainer could not load the checkpoint this attempt resumed from (``resumed``, as the state
+    recorded it): set it aside, so the next attempt (a crash retry, budgeted and braked) resumes from
+    the one before; the message says where it went."""
+    try:
+        moved = set_aside_unloadable(out, resumed, str(ex.detail[UNLOADABLE]))
+    except OSError as exc:  # a read-only output_dir: the retry meets it again, the budget ends it
+        return replace(ex, message=f"{ex.message}; {resumed} could not be set aside: {exc}")
+    if moved is None:
+        return ex
+    fields = {"checkpoint": moved.name, "moved_to": moved.moved_to, "problems": list(moved.problems)}
+    journal.write(lambda: transitions.note(journal.run_dir, Event.CHECKPOINT_SET_ASIDE, reason="unloadable", **fields))
+    journal.say(f"ftlaunch: set aside {moved.describe()}")
+    return replace(ex, message=f"{ex.message}; set aside {moved.name} as {moved.moved_to}")
 
 
 def kernel_log() -> str:

@@ -58,6 +58,21 @@ _CONFIG_MESSAGES = re.compile(
 )
 
 
+# A checkpoint the trainer could not load on resume (issue 40): torch's zip reader, a safetensors
+# header, a pickle cut short. Only inside the Trainer's resume frames: the same errors while loading
+# the base model are the model's, and no checkpoint of the run is to blame.
+_LOAD_ERROR = re.compile(
+    r"(PytorchStreamReader failed|failed finding central directory|Error while deserializing header|"
+    r"unexpected EOF|Ran out of input|pickle data was truncated|invalid load key|archive is corrupted)"
+)
+_RESUME_FRAMES = re.compile(
+    r"in (_load_from_checkpoint|_load_optimizer_and_scheduler|_load_rng_state|_load_scaler|"
+    r"deepspeed_load_checkpoint|load_checkpoint)\b"
+)
+# Exit.detail's key, with the error line: the attempt failed to load the checkpoint it resumed from (the
+# supervisor sets it aside, ftlaunch.run.ending.after_unloadable, and the next attempt resumes from the one before).
+UNLOADABLE = "unloadable_checkpoint"
+
 # The line ftlaunch.run.slurm.rendezvous prints when the nodes did not reach each other in time.
 _RENDEZVOUS = re.compile(r"ftlaunch: rendezvous failed:[^\n]*")
 
@@ -118,6 +133,18 @@ def _bare_sigkill(returncode: int, log: str) -> Exit | None:
     return None
 
 
+def _unloadable_checkpoint(returncode: int, log: str) -> Exit | None:
+    """A load error inside the resume's frames: the checkpoint is unreadable, not the config. A crash
+    (retried, braked, from the checkpoint before once this one is set aside), never a config error."""
+    found = _last_match(_LOAD_ERROR, log)
+    if returncode == 0 or found is None or not _RESUME_FRAMES.search(log[max(0, found.start() - 8000) : found.start()]):
+        return None
+    line = _line_of(log, found.start())
+    etype = m.group(1).rsplit(".", 1)[-1] if (m := _EXC_LINE.match(line)) else "LoadError"
+    message = f"exit code {returncode}: the checkpoint it resumed from does not load: {line}"
+    return Exit(FailureKind.CRASH, message, {"exception": etype, UNLOADABLE: line})
+
+
 def _exception(returncode: int, log: str) -> Exit | None:
     errors = [m for m in _EXC_LINE.finditer(log) if not m.group(1).endswith(_WRAPPERS)]
     if not errors:
@@ -136,13 +163,15 @@ def _last_line(returncode: int, log: str) -> Exit:
 
 # The classification table: the first row that matches an attempt's (exit code, whole log) names what
 # ended it. Order matters: a success is one with no OOM anywhere; an OOM is told before a bare SIGKILL
-# (the kernel may kill a trainer that already printed one); a traceback's last exception before the
-# last line. A new failure class adds one row here (most are a regex: a search of the log).
+# (the kernel may kill a trainer that already printed one); a checkpoint that does not load on resume
+# before the other exceptions (it may end in an OSError a config error would match); a traceback's last
+# exception before the last line. A new failure class adds one row here (most are a regex: a search of the log).
 PATTERNS: tuple[Callable[[int, str], Exit | None], ...] = (
     _success,
     _rendezvous,
     _cuda_oom,
     _bare_sigkill,
+    _unloadable_checkpoint,
     _exception,
     _last_line,
 )

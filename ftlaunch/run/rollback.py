@@ -30,7 +30,7 @@ from typing import Any
 
 from ftlaunch.plan.memory.prediction import MemoryPrediction
 from ftlaunch.run import transitions as journal
-from ftlaunch.run.checkpoints import set_aside_incomplete
+from ftlaunch.run.checkpoints import free_name, set_aside_incomplete
 from ftlaunch.run.events import Event
 from ftlaunch.run.health import (
     Checkpoint,
@@ -248,15 +248,6 @@ def scale_lr(output_dir: Path, name: str, lr: float, python: str, stamp: int) ->
     src.rename(free_name(output_dir, f"rolledback-{name}-{stamp}"))
     tmp.rename(src)
     return None
-
-
-def free_name(folder: Path, base: str) -> Path:
-    """``folder/base``, or ``base-2``, ``base-3``... when taken: a set-aside never overwrites another."""
-    path, n = folder / base, 1
-    while path.exists():
-        n += 1
-        path = folder / f"{base}-{n}"
-    return path
 
 
 def _link_or_copy(src: str, dst: str) -> None:
