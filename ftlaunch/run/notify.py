@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError, NotifyConfigError, StateError
-from ftlaunch.files import home, now_iso
+from ftlaunch.files import NOTIFY_LIMIT, home, now_iso, read_user_text
 from ftlaunch.run.events import Event
 from ftlaunch.run.notify_delivery import HTTP, TIMEOUT_S, apprise_send, post_or_run
 from ftlaunch.run.secrecy import NOTIFY_KEY, scrub, secret_values
@@ -171,16 +171,17 @@ def load_file(env: Mapping[str, str], apprise_ok: bool | None = None) -> NotifyS
     """notify.yaml's destinations (``routes``); none when there is no file. NotifyConfigError (exit 19)
     naming the file and each wrong key when it cannot be read or is wrong."""
     path = notify_file(env)
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a regular file of at most NOTIFY_LIMIT: /dev/zero, a FIFO or a huge file is refused at once
+        text = read_user_text(path, limit=NOTIFY_LIMIT, what="the file", error=_file_error(path))
     except (FileNotFoundError, NotADirectoryError):  # FTLAUNCH_HOME a file: that is said elsewhere (exit 12)
         return NotifySpec()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise NotifyConfigError(str(path), [f"cannot be read: {why}"], hint=FILE_HINT) from None
     if apprise_ok is None:
         apprise_ok = importlib.util.find_spec("apprise") is not None
     return parse_file(text, str(path), apprise_ok)
+
+
+def _file_error(path: Path) -> Callable[[str, str], NotifyConfigError]:
+    return lambda problem, hint: NotifyConfigError(str(path), [problem], hint=f"{hint}; {FILE_HINT}")
 
 
 def parse_file(text: str, where: str, apprise_ok: bool) -> NotifySpec:
@@ -263,7 +264,8 @@ def shared_secret_values(env: Mapping[str, str]) -> list[str]:
     try:
         import yaml
 
-        data = yaml.safe_load(notify_file(env).read_text(encoding="utf-8"))
+        path = notify_file(env)
+        data = yaml.safe_load(read_user_text(path, limit=NOTIFY_LIMIT, what="the file", error=_file_error(path)))
     except Exception:
         return found
     dests = data.get("destinations") if isinstance(data, Mapping) else None
@@ -449,19 +451,30 @@ def read_spec(run_dir: Path, env: Mapping[str, str]) -> NotifySpec:
     spec = _own_spec(run_dir)
     if not spec:
         spec = replace(spec, routes=load_file(env).routes)
-    return spec.with_env(env)
+    return spec.with_env(_env_kept(run_dir, env))
+
+
+def _env_kept(run_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """``env``, with the FTLAUNCH_NOTIFY a Ray or Slurm submission kept in secrets.json when it has none
+    (the job's environment never carries it: secrecy.keep_notify_env)."""
+    from ftlaunch.run.secrecy import with_kept_notify_env
+    from ftlaunch.run.store import read_secrets
+
+    return with_kept_notify_env(read_secrets(run_dir), env)
 
 
 def keep_spec(run_dir: Path, spec: NotifySpec) -> None:
     """Store a run's destinations in its secrets.json (0600), beside its secret config keys."""
+    from ftlaunch.run.secrecy import keep_notify_env, kept_notify_env
     from ftlaunch.run.store import read_secrets, write_secrets
 
     secrets = read_secrets(run_dir)
+    kept = kept_notify_env(secrets)  # a Ray or Slurm submission's FTLAUNCH_NOTIFY stays
     if spec or spec.on != frozenset(EVENTS):  # events chosen for FTLAUNCH_NOTIFY's destinations count too
         secrets[NOTIFY_KEY] = spec.to_json()
     else:
         secrets.pop(NOTIFY_KEY, None)
-    write_secrets(run_dir, secrets)
+    write_secrets(run_dir, keep_notify_env(secrets, kept))
 
 
 class Notifier:
@@ -500,7 +513,7 @@ class Notifier:
         try:
             spec = read_spec(run_dir, env)
         except NotifyConfigError as exc:  # notify.yaml went wrong since it was checked: said; the run goes on
-            spec = _own_spec(run_dir).with_env(env)
+            spec = _own_spec(run_dir).with_env(_env_kept(run_dir, env))
             _note(run_dir, Event.NOTIFY_CONFIG_ERROR, message=exc.message)
         except Exception:  # an unreadable secrets.json never stops a run
             spec = NotifySpec()

@@ -2,7 +2,7 @@
 read and written (atomically, through ftlaunch.files), the state lock and the state's version.
 
 Layout of ``$FTLAUNCH_HOME/runs/<id>/``:
-  source.yaml          the config as given (overrides listed in state.json), secrets redacted
+  source.yaml          the config as given (overrides listed in state.json), secrets redacted (secrecy.scrub)
   config.yaml          the adapted config of the current attempt
   .trainer-config.yaml a 0600 copy of config.yaml with the secrets that have no variable, per attempt
   secrets.json         secret config values, 0600
@@ -42,6 +42,7 @@ from ftlaunch.files import home_folder, now_iso, to_json, write_json_atomic, wri
 from ftlaunch.locks import held
 from ftlaunch.plan.config import dump_yaml, read_header
 from ftlaunch.run.events import Event
+from ftlaunch.run.secrecy import keep_notify_env, scrub
 from ftlaunch.run.state import RunState
 
 SECRETS_FILE = "secrets.json"
@@ -162,7 +163,7 @@ def create_folder(root: Path, run_id: str, new: NewRun) -> Path:
     try:
         for name, content in new.files.items():
             (tmp.path / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
-        tmp.source.write_bytes(new.source.encode())
+        tmp.source.write_bytes(scrub(new.source.encode(), ()))  # a `# db password: ...` comment too
         write_secrets(tmp.path, new.secrets)
         tmp.config.write_text(new.config)
         tmp.plan_text.write_text(new.plan_text)
@@ -405,3 +406,12 @@ def write_secrets(run_dir: Path, secrets: Mapping[str, Any]) -> None:
 
 def read_secrets(run_dir: Path) -> dict[str, Any]:
     return _json_object(RunFolder(run_dir).secrets)
+
+
+def keep_notify_secrets(run_dir: Path, env: Mapping[str, str]) -> None:
+    """Before a job is submitted (Ray, Slurm): ``env``'s FTLAUNCH_NOTIFY into the run's secrets.json,
+    where the job's supervisor reads it (secrecy.keep_notify_env), never the job's environment."""
+    secrets = read_secrets(run_dir)
+    kept = keep_notify_env(secrets, env)
+    if kept != secrets:
+        write_secrets(run_dir, kept)

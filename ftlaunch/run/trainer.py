@@ -8,14 +8,17 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import TrainerError
 
-# Variables that carry secrets: passed to the trainer, never written anywhere by ftlaunch.
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MODELSCOPE_API_TOKEN", "SWANLAB_API_KEY")
+# What is secret is run/secrecy.py's to say; these names stay importable here, where callers met them.
+from ftlaunch.run.secrecy import SECRET_ENV as SECRET_ENV
+from ftlaunch.run.secrecy import public_env as public_env
+from ftlaunch.run.secrecy import redact as redact
+from ftlaunch.run.secrecy import supervisor_env
 
 # Secret config keys the trainer gets through its environment, not its config (issue 24): transformers
 # pickles TrainingArguments, hub_token included, into training_args.bin in the output_dir and in every
@@ -57,8 +60,9 @@ def trainer_command(cli: list[str], config_path: Path) -> list[str]:
 def trainer_env(
     base: Mapping[str, str], plan_env: Mapping[str, str], extra: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The child's environment: the caller's, plus the plan's, plus run-specific variables."""
-    env = dict(base)
+    """The child's environment: the caller's but its notification settings (the supervisor's alone:
+    ``secrecy.supervisor_env``), plus the plan's, plus run-specific variables."""
+    env = supervisor_env(base)
     env.update(plan_env)
     env.update(extra or {})
     # The trainer's output goes to a file: unbuffered so `logs -f` sees it as it happens.
@@ -109,17 +113,3 @@ def secret_handoff(secrets: Mapping[str, Any]) -> tuple[dict[str, str], dict[str
         if key in kept and env.get(var, str(kept[key])) == str(kept[key]):
             env[var] = str(kept.pop(key))
     return env, kept
-
-
-def redact(text: str, env: Mapping[str, str], secrets: Iterable[str] = ()) -> str:
-    """Remove secret values (of SECRET_ENV variables, and ``secrets``) from text about to be written."""
-    values = [env.get(key) for key in SECRET_ENV] + list(secrets)
-    for value in values:
-        if value and len(value) >= 4:
-            text = text.replace(value, "***")
-    return text
-
-
-def public_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The plan's env as it may be stored: secrets never leave the process."""
-    return {k: ("***" if k in SECRET_ENV else v) for k, v in env.items()}

@@ -14,23 +14,24 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from ftlaunch.errors import BusyError
 from ftlaunch.files import home
 from ftlaunch.run import progress as prog
+from ftlaunch.run import secrecy
 from ftlaunch.run import transitions as journal
 from ftlaunch.run.events import Event
 from ftlaunch.run.procs import Liveness, liveness, spawn_detached
 from ftlaunch.run.ray import jobs
 from ftlaunch.run.ray.record import RayRecord, Submission, read_record, write_record
 from ftlaunch.run.state import RunState, RunStatus
-from ftlaunch.run.store import RunFolder, read_events, read_state
-from ftlaunch.run.trainer import SECRET_ENV, public_env
+from ftlaunch.run.store import RunFolder, keep_notify_secrets, read_events, read_secrets, read_state
 
 SUBMISSION_ENV = "FTLAUNCH_RAY_SUBMISSION"
 # What a trainer (or ftlaunch on the node) reads from its environment, carried into the job.
@@ -39,21 +40,21 @@ CARRIED_PREFIXES = (
     "TORCH_", "OMP_", "MKL_", "WANDB_", "LLAMAFACTORY_",
 )  # fmt: skip
 CARRIED_NAMES = ("PYTHONPATH", "MPLCONFIGDIR", "XDG_CACHE_HOME", "TMPDIR", "LANG", "LC_ALL", "DISABLE_VERSION_CHECK")
-_NEVER = frozenset(SECRET_ENV) | {SUBMISSION_ENV, "FTLAUNCH_DEBUG"}
+# Never carried though their names are carried ones: ftlaunch's own switches for this process.
+_NEVER = frozenset({SUBMISSION_ENV, "FTLAUNCH_DEBUG"})
 
 
-def _secret_name(name: str) -> bool:
-    upper = name.upper()
-    return name in _NEVER or any(w in upper for w in ("TOKEN", "SECRET", "PASSWORD", "API_KEY"))
-
-
-def job_env(env: Mapping[str, str], plan_env: Mapping[str, str], python: str) -> dict[str, str]:
+def job_env(
+    env: Mapping[str, str], plan_env: Mapping[str, str], python: str, secrets: Iterable[str] = ()
+) -> dict[str, str]:
     """The job's env_vars (pure): PATH with ``python``'s bin folder first, FTLAUNCH_HOME made
-    absolute, the carried variables of ``env`` and the plan's public launch variables; no secret."""
-    carried = {
-        k: v for k, v in env.items() if (k.startswith(CARRIED_PREFIXES) or k in CARRIED_NAMES) and not _secret_name(k)
-    }
-    launch = {k: v for k, v in public_env(plan_env).items() if v != "***" and not _secret_name(k)}
+    absolute, the carried variables of ``env`` and the plan's launch variables. The dashboard shows
+    them to anyone who reaches it: no secret name, no notification setting, no value that holds a
+    secret of ``env`` or of ``secrets`` (the run's secrets.json), as ``secrecy.job_env`` decides."""
+    named = {k: v for k, v in env.items() if (k.startswith(CARRIED_PREFIXES) or k in CARRIED_NAMES) and k not in _NEVER}
+    known = [*secrecy.env_secret_values(env), *secrets]
+    carried = secrecy.job_env(named, known)
+    launch = secrecy.job_env(plan_env, known)
     bindir = str(Path(python).parent)
     path = [bindir, *[p for p in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep) if p != bindir]]
     return {**carried, **launch, "FTLAUNCH_HOME": str(home(env).absolute()), "PATH": os.pathsep.join(path)}
@@ -87,7 +88,7 @@ def submit_attempt(run_dir: Path, env: Mapping[str, str], why: str) -> str:
     python = os.path.abspath(sys.executable)
     last = prog.last_complete_checkpoint(Path(state.output_dir or "."))
     resume_from = None if first or last is None else last[1].name
-    env_vars = {**record.env_vars, SUBMISSION_ENV: sid}
+    env_vars = {**secrecy.job_env(record.env_vars), SUBMISSION_ENV: sid}  # a ray.json of before may hold one
     # Recorded before the call: a submission that reached the head is never left unknown.
     write_record(run_dir, record.with_submission(Submission(sid, time.time(), resume_from, why)))
     jobs.submit(
@@ -106,14 +107,42 @@ def submit_attempt(run_dir: Path, env: Mapping[str, str], why: str) -> str:
 
 
 def first_submission(run_dir: Path, env: Mapping[str, str], address: str, plan_env: Mapping[str, str]) -> str:
-    """Write ray.json and submit the run's first attempt (status queued until its supervisor runs)."""
+    """Write ray.json and submit the run's first attempt (status queued until its supervisor runs).
+    FTLAUNCH_NOTIFY stays here: its destinations go to the run's secrets.json, where the job's
+    supervisor reads them (0600, never in the job's env, which the dashboard shows)."""
     state = read_state(run_dir)
     cpus, gpus = driver_resources(state)
-    env_vars = job_env(env, plan_env, os.path.abspath(sys.executable))
+    keep_notify_secrets(run_dir, env)
+    secrets = secrecy.secret_values(read_secrets(run_dir), env)
+    env_vars = job_env(env, plan_env, os.path.abspath(sys.executable), secrets)
     write_record(run_dir, RayRecord(address=address, cpus=cpus, gpus=gpus, env_vars=env_vars))
     RunFolder(run_dir).train_log.touch()  # `logs -f` works while the job is pending
     journal.queued(run_dir, f"submitted to the Ray cluster at {address}")
     return submit_attempt(run_dir, env, "start")
+
+
+def refuse_beside_active(run_dir: Path, env: Mapping[str, str], output_dir: str) -> None:
+    """BusyError (exit 7) when another Ray run into ``output_dir`` is not over: its supervisor takes the
+    output_dir lock only once its job runs on a node, so the lock alone cannot tell (two `train` of one
+    output_dir would both be submitted, the second failing `busy` later). Call it holding the output_dir
+    lock. Fails closed: a run whose head does not answer counts as active."""
+    from ftlaunch.run.orphans import runs_of_output_dir
+    from ftlaunch.run.ray.record import is_ray_run
+
+    for other, state in runs_of_output_dir(env, output_dir):
+        if other.name == run_dir.name or state.engine_name() != "ray" or state.status.is_terminal():
+            continue
+        said = "being submitted"  # created, ray.json not written yet: its `train` let go of the lock
+        if is_ray_run(other):
+            status, word = job_status(other)
+            if status.is_terminal():
+                continue
+            job = read_record(other).current
+            said = status.value + (f", Ray job {job.id} {word.lower()}" if job and word else "")
+        raise BusyError(
+            f"output_dir {output_dir} is in use by run {other.name} ({said})",
+            hint=f"wait for it, stop it (`ftlaunch stop {other.name}`), or set another output_dir",
+        )
 
 
 def start_follower(run_dir: Path, env: Mapping[str, str]) -> int:
@@ -160,16 +189,41 @@ def stop_job(run_dir: Path, grace: float = 30.0, poll: float = 0.2) -> str:
         journal.stopped(run_dir, "stopped by the user")
         return f"run {run_dir.name} stopped (never submitted)"
     journal.note(run_dir, Event.STOP_REQUESTED, submission_id=sub.id)
-    jobs.stop(record.address, sub.id)
-    deadline = time.monotonic() + grace
-    info = jobs.job(record.address, sub.id)
-    while not info.terminal and time.monotonic() < deadline:
-        time.sleep(poll)
+    try:
+        jobs.stop(record.address, sub.id)
+        deadline = time.monotonic() + grace
         info = jobs.job(record.address, sub.id)
+        while not info.terminal and time.monotonic() < deadline:
+            time.sleep(poll)
+            info = jobs.job(record.address, sub.id)
+    except (jobs.EngineUnreachable, jobs.JobNotFound) as exc:
+        return _stop_without_head(run_dir, record, sub, grace, exc)
     if not read_state(run_dir).status.is_terminal():
         journal.stopped(run_dir, f"stopped by the user (job {sub.id})")
     journal.note(run_dir, Event.STOPPED, submission_id=sub.id, job_status=info.status)
     return f"run {run_dir.name} stopped (Ray job {sub.id} {info.status.lower()})"
+
+
+def _stop_without_head(run_dir: Path, record: RayRecord, sub: Submission, grace: float, exc: Exception) -> str:
+    """`stop` when the head does not answer (or knows no such job: a new head): the job cannot be asked
+    to stop, and nothing but this stop will end the run's record (its follower gives up on a head gone
+    for good). The driver, when it lives on this machine, is stopped as a local run's supervisor (it
+    records its own end); then the run is recorded stopped, saying that Ray never confirmed it."""
+    journal.note(run_dir, Event.ENGINE_UNREACHABLE, submission_id=sub.id, address=record.address, during="stop")
+    state = read_state(run_dir)
+    if liveness(state.pid, state.pid_start) is Liveness.ALIVE and state.pid:
+        os.kill(state.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace + 10
+        while liveness(state.pid, state.pid_start) is Liveness.ALIVE and time.monotonic() < deadline:
+            time.sleep(0.1)
+    why = "did not answer" if isinstance(exc, jobs.EngineUnreachable) else f"knows no job {sub.id}"
+    if not read_state(run_dir).status.is_terminal():
+        message = f"stopped by the user while the Ray head at {record.address} {why}: Ray never confirmed the job's end"
+        journal.stopped(run_dir, message, submission_id=sub.id, job_status=None)
+    return (
+        f"run {run_dir.name} recorded stopped; the Ray head at {record.address} {why} (engine unreachable), so "
+        f"Ray could not stop job {sub.id}: if that head comes back with it, stop it there (`ray job stop {sub.id}`)"
+    )
 
 
 def resubmit_by_hand(
@@ -194,14 +248,30 @@ def resubmit_by_hand(
         if not follower_alive(record):
             start_follower(run_dir, env)
         return None
+    before = read_state(run_dir)
     edit()
     state = read_state(run_dir)
+    write_record(run_dir, replanned(read_record(run_dir), before, state))
     journal.resubmitting(run_dir, state)
     sid = submit_attempt(run_dir, env, "resume")
     journal.note(run_dir, Event.RESUMED, previous=state.status.value, submission_id=sid)
     if not follower_alive(read_record(run_dir)):
         start_follower(run_dir, env)
     return sid
+
+
+def replanned(record: RayRecord, before: RunState, after: RunState) -> RayRecord:
+    """The record for the next job after the run's config was edited (``resume --gpu``: a re-plan): the
+    driver's resources from the state's figures now, and the job's env without the launch variables
+    the plan no longer sets, with the new values of those it still sets (the supervisor lays the state's
+    trainer_env over the job's env: a variable left behind, NPROC_PER_NODE=2, would reach the trainer). Pure."""
+    cpus, gpus = driver_resources(after)
+    old, new = dict(before.trainer_env or {}), dict(after.trainer_env or {})
+    if old == new and (cpus, gpus) == (record.cpus, record.gpus):
+        return record
+    env_vars = {k: new.get(k, v) if k in old else v for k, v in record.env_vars.items() if k not in old or k in new}
+    env_vars = {k: v for k, v in env_vars.items() if v != "***"}
+    return replace(record, cpus=cpus, gpus=gpus, env_vars=env_vars)
 
 
 def address_for_record(record: RayRecord, address: str | None) -> RayRecord:

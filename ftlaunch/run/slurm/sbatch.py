@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftlaunch.errors import ConfigError, FtlaunchError, TrainerError
+from ftlaunch.run import secrecy
 from ftlaunch.run.store import RunFolder
 from ftlaunch.run.trainer import CPU_SITE as TRAINER_CPU_SITE
 
@@ -83,6 +84,11 @@ class JobFiles:
 def _sbatch_line(arg: str) -> str:
     if "\n" in arg:
         raise ConfigError(f"--sbatch-arg {arg!r} holds a newline", hint="give one option per --sbatch-arg")
+    if secrecy.holds_secret(arg):  # quoted by name only: the value is the secret
+        raise ConfigError(
+            f"--sbatch-arg {arg.partition('=')[0]}=... holds a secret, which job.sbatch would keep in clear",
+            hint="set it in the environment `train` runs in instead: sbatch passes that environment to the job",
+        )
     return f"#SBATCH {arg}"
 
 
@@ -132,7 +138,7 @@ def _batch_script(
         f"# Written by ftlaunch for run {run_id}. Requeued jobs run this again: the supervisor resumes",
         "# from the last complete checkpoint. The run directory must be on a filesystem every node sees.",
         "set -euo pipefail",
-        *(f"export {k}={q(v)}" for k, v in sorted(carry_env.items())),
+        *(f"export {k}={q(v)}" for k, v in sorted(secrecy.job_env(carry_env).items())),
         "# MASTER_ADDR: chosen and resolved on this (the first) node by the batch step (slurm/job.py).",
         *([f"export FTLAUNCH_MASTER_ADDR={q(req.master_addr)}"] if req.master_addr else []),
         f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"',
@@ -234,7 +240,9 @@ def _run(argv: list[str], env: Mapping[str, str], timeout: float = 30) -> subpro
 
 
 def submit(script: Path, env: Mapping[str, str]) -> str:
-    r = _run(["sbatch", "--parsable", str(script)], env)
+    """sbatch the script with ``env`` as the job's environment (sbatch's default --export=ALL), but
+    the notification settings: the job's supervisor reads its destinations from secrets.json."""
+    r = _run(["sbatch", "--parsable", str(script)], secrecy.supervisor_env(env))
     if r.returncode != 0:
         raise TrainerError(
             f"sbatch refused the job (sbatch exit {r.returncode}): {r.stderr.strip() or r.stdout.strip()}",

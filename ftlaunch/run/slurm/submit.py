@@ -19,7 +19,7 @@ from ftlaunch.errors import HardwareError
 from ftlaunch.files import home
 from ftlaunch.run import transitions as journal
 from ftlaunch.run.slurm import sbatch as slurm
-from ftlaunch.run.store import RunFolder, read_state
+from ftlaunch.run.store import RunFolder, keep_notify_secrets, read_state
 
 
 def one_node_named(gpu: str | None) -> None:
@@ -60,6 +60,7 @@ def write_and_submit(
     }
     warnings = (*(read_state(run_dir).warnings or ()), *notes)  # the disk forecast's warning kept
     journal.submitting(run_dir, record, warnings)
+    keep_notify_secrets(run_dir, env)  # FTLAUNCH_NOTIFY: to secrets.json, not the job's environment
     job = slurm.submit(folder.job_script, {**env, "PWD": str(cwd)})
     journal.job_submitted(run_dir, job, nodes=req.nodes, gpus_per_node=req.gpus_per_node, notes=notes)
     return job, notes
