@@ -145,10 +145,12 @@ def resume_run(
     state = _read_or_rebuild(run_dir)
     if hardware is not None:
         _refuse_slurm_replan(run_dir, state)
-    resumed = _engine_resume(run_dir, state, env, overrides, allow_global_batch_change, allow_env_change, cwd)
+    edits = overrides if hardware is None else (*overrides, "--gpu")  # a live run's config never changes
+    resumed = _engine_resume(
+        run_dir, state, env, overrides, allow_global_batch_change, allow_env_change, cwd, hardware=hardware
+    )
     if resumed is not None:
         return resumed
-    edits = overrides if hardware is None else (*overrides, "--gpu")  # a live run's config never changes
     verdict = _resume_verdict(run_dir, state, edits)
     if verdict is not None:
         return verdict
@@ -184,16 +186,25 @@ def _engine_resume(
     allow_global_batch_change: bool,
     allow_env_change: bool,
     cwd: str | Path | None,
+    *,
+    hardware: Any = None,
 ) -> Resumed | None:
     """A run its engine resumes (a Slurm run trains only inside its own job: from anywhere else, resume
-    means sbatch again); None: restart it here."""
+    means sbatch again; a Ray run's next attempt is a new job); None: restart it here.
+
+    ``hardware``: the re-plan the user was shown is applied by ``edit()`` (config, launch variables and
+    the state's figures, from which the engine takes the job's resources), planned again at that moment
+    so what runs is what was checked; the engine sees it as a change (refused while the run is alive)."""
 
     def edit() -> None:
+        if hardware is not None:
+            _apply_replan(run_dir, preview_replan(run_dir, hardware))
         if overrides:
             edit_run_config(run_dir, overrides, allow_global_batch_change=allow_global_batch_change)
 
+    edits = overrides if hardware is None else (*overrides, "--gpu")
     return of_state(state).resume(
-        run_dir, state, env, edit=edit, overrides=overrides, cwd=cwd, allow_env_change=allow_env_change
+        run_dir, state, env, edit=edit, overrides=edits, cwd=cwd, allow_env_change=allow_env_change
     )
 
 

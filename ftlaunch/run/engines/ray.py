@@ -30,6 +30,7 @@ from ftlaunch.run.ray.submit import (
     address_for_record,
     first_submission,
     job_status,
+    refuse_beside_active,
     resubmit_by_hand,
     start_follower,
     stop_job,
@@ -62,12 +63,16 @@ class Ray:
         return p
 
     def launch(self, created: Created, env: Mapping[str, str]) -> Started:
-        """Submit the first attempt and start the follower; a submission Ray refuses removes the run."""
-        if created.lock is not None:
-            created.lock.close()  # the job's supervisor takes it on its node
+        """Submit the first attempt and start the follower; a submission Ray refuses removes the run, as
+        does another Ray run into the output_dir that is not over (exit 7, checked under the lock)."""
         try:
+            refuse_beside_active(created.run_dir, env, str(created.plan.config.get("output_dir") or ""))
+            if created.lock is not None:
+                created.lock.close()  # the job's supervisor takes it on its node
             sid = first_submission(created.run_dir, env, self._address(), created.plan.env)
         except BaseException:
+            if created.lock is not None:
+                created.lock.close()
             shutil.rmtree(created.run_dir, ignore_errors=True)  # a job never submitted leaves no run behind
             raise
         pid = start_follower(created.run_dir, env)

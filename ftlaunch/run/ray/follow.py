@@ -78,8 +78,10 @@ def next_step(
     if job.status == "STOPPED" or stop_requested:
         if recorded.is_terminal() and recorded is not RunStatus.STOPPED:
             return Next(Step.DONE)  # it ended on its own before the stop landed
-        who = "`ftlaunch stop`" if stop_requested else "Ray (`ray job stop` or the dashboard)"
-        return Next(Step.DONE, RunStatus.STOPPED, f"stopped by {who} (job {submission_id}); not retried")
+        if stop_requested:
+            return Next(Step.DONE, RunStatus.STOPPED, f"stopped by `ftlaunch stop` (job {submission_id}); not retried")
+        who = "from outside the run, by Ray (`ray job stop` or the dashboard), not by `ftlaunch stop`"
+        return Next(Step.DONE, RunStatus.STOPPED, f"stopped {who} (job {submission_id}); not retried")
     if job.status == "SUCCEEDED" or recorded.is_terminal():
         if recorded.is_terminal():
             return Next(Step.DONE)  # the supervisor's own last word
@@ -133,7 +135,9 @@ def follow(
         if sub is None or state.status.is_terminal():
             # Ended as recorded (the supervisor's own end, a stop): nothing is left to submit, and a head
             # torn down right after must not keep a follower asking it for ten minutes.
-            return state.status
+            if sub is not None and state.status is RunStatus.STOPPED:
+                _name_who_stopped(run_dir, record, sub, sleep=sleep, clock=clock)
+            return read_state(run_dir).status
         n, info = _next_of(run_dir, record, sub, state)
         if n.step is Step.UNREACHABLE:
             if unreachable_since is None:
@@ -177,6 +181,36 @@ def _next_of(run_dir: Path, record: RayRecord, sub: Submission, state: RunState)
         no_progress=state.no_progress_attempts,
     )
     return n, info
+
+
+def _name_who_stopped(
+    run_dir: Path,
+    record: RayRecord,
+    sub: Submission,
+    *,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+    wait: float = 60.0,
+) -> None:
+    """A supervisor stopped by a SIGTERM records "stopped by the user": it cannot tell who sent it. When
+    no `ftlaunch stop` asked for this job and Ray reports it STOPPED, it was `ray job stop` or the
+    dashboard, from outside the run: recorded as that (Ray marks the job once its driver is gone:
+    waited for up to ``wait`` seconds)."""
+    if stop_was_requested(read_events(run_dir), sub.id):
+        return
+    deadline = clock() + wait
+    while True:
+        try:
+            info = jobs.job(record.address, sub.id)
+        except (jobs.EngineUnreachable, jobs.JobNotFound):
+            return
+        if info.terminal or clock() > deadline:
+            break
+        sleep(0.5)
+    if info.status != "STOPPED":
+        return  # a SIGTERM from elsewhere (a signal to the driver): not Ray's stop
+    n = next_step(info, RunStatus.STOPPED, submission_id=sub.id, stop_requested=False, progressed=False, no_progress=0)
+    _record_end(run_dir, sub, n, RunStatus.STOPPED, info)
 
 
 def _record_end(run_dir: Path, sub: Submission, n: Next, status: RunStatus, info: jobs.JobInfo | None) -> None:
