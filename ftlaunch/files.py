@@ -1,6 +1,8 @@
 """The ground's file helpers: where ftlaunch keeps its state (``home``), UTC time stamps, strict
-JSON text, and atomic writes (a temp file in the same folder, then ``os.replace``: readers see the
-old file or the new one, never half of one). Imports only ftlaunch.errors.
+JSON text, atomic writes (a temp file in the same folder, then ``os.replace``: readers see the
+old file or the new one, never half of one), and bounded reads of files a user gave or could have
+placed (``read_user_bytes``: a regular file of at most a stated size, or the caller's error).
+Imports only ftlaunch.errors.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -152,3 +154,109 @@ def tree_bytes(path: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+# ---------------------------------------------------------------- bounded reads of what a user gave
+
+MiB = 1024 * 1024
+# The most ftlaunch reads of each file a user gives or could have placed (docs/limits.md keeps this
+# table, with why): each is a hundred times what a real one holds or more, and small enough that a
+# wrong one (a device, a log, a dataset named by mistake) is refused at once instead of filling memory
+# or parsing for minutes (YAML: ~1 s per MiB with libyaml, ~4 s per MiB in pure Python, on one core).
+CONFIG_LIMIT = 1 * MiB  # the training config, YAML or JSON (a real one: 1-5 KB)
+JSON_LIMIT = 8 * MiB  # DeepSpeed JSONs, --model-config, config.json, dataset_info.json, a run's state files
+HARDWARE_LIMIT = 1 * MiB  # --hardware FILE (`ftlaunch env --json` writes a few KB)
+NOTIFY_LIMIT = 256 * 1024  # $FTLAUNCH_HOME/notify.yaml (pure-Python YAML; a real one: < 1 KB)
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str | None:
+    """What a file that is not a regular one is ("a FIFO (named pipe)"), None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _size_text(n: int) -> str:
+    if n >= MiB:
+        return f"{n / MiB:.3g} MiB"
+    return f"{n / 1024:.3g} KiB" if n >= 1024 else f"{n} bytes"
+
+
+def read_user_bytes(
+    path: str | Path, *, limit: int, what: str, error: Callable[[str, str], Exception], hint: str | None = None
+) -> bytes:
+    """The bytes of ``path``, a regular file (symlinks followed) of at most ``limit`` bytes; else
+    ``error(message, hint)``, the caller's own error (so each keeps its exit code). ``what`` names the
+    file in the message ("hardware file /x/hw.json"); ``hint`` says what the file should be.
+
+    A FIFO, a device (/dev/zero), a directory or a socket is refused before it is read, and opened
+    with O_NONBLOCK so that a FIFO swapped in meanwhile never blocks; the size is checked from stat
+    and again by reading at most ``limit + 1`` bytes (/proc files say 0). FileNotFoundError and
+    NotADirectoryError pass through: callers tell a missing file apart (often it is no error)."""
+    limit_text = _size_text(limit)
+    advice = hint or f"point it at a regular file of at most {limit_text}"
+
+    def refuse(message: str) -> Exception:
+        return error(message, advice)
+
+    try:
+        kind = _kind(os.stat(path).st_mode)  # before opening: opening a device can itself act
+        if kind is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                kind = _kind(st.st_mode)
+                data = b"" if kind or st.st_size > limit else _read_at_most(fd, limit + 1)
+            finally:
+                os.close(fd)
+    except (FileNotFoundError, NotADirectoryError):
+        raise
+    except OSError as exc:
+        raise refuse(f"{what} cannot be read: {exc.strerror or exc}") from None
+    if kind is not None:
+        raise refuse(f"{what} is {kind}, not a regular file; ftlaunch reads only regular files")
+    if st.st_size > limit:
+        raise refuse(f"{what} is {_size_text(st.st_size)}, over the {limit_text} ftlaunch reads of it")
+    if len(data) > limit:
+        raise refuse(f"{what} holds more than {limit_text}, the most ftlaunch reads of it")
+    return data
+
+
+def value_error(message: str, hint: str) -> ValueError:
+    """``error`` for a reader that takes an unreadable file as absent or as "cannot tell" (it catches
+    ValueError, as it does for a file that does not parse)."""
+    return ValueError(f"{message} ({hint})")
+
+
+def _read_at_most(fd: int, n: int) -> bytes:
+    chunks: list[bytes] = []
+    while n > 0:
+        chunk = os.read(fd, min(n, MiB))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_user_text(
+    path: str | Path, *, limit: int, what: str, error: Callable[[str, str], Exception], hint: str | None = None
+) -> str:
+    """``read_user_bytes`` as UTF-8 text; text that is not UTF-8 is ``error`` too, naming the byte."""
+    data = read_user_bytes(path, limit=limit, what=what, error=error, hint=hint)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start : exc.start + 1].hex()
+        raise error(
+            f"{what} is not UTF-8 text: byte 0x{bad} at offset {exc.start} cannot be decoded",
+            "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
+        ) from None

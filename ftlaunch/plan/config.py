@@ -16,6 +16,7 @@ config do not pay for it.
 from __future__ import annotations
 
 import difflib
+import io
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from typing import Any
 import yaml
 
 from ftlaunch.errors import ConfigError
+from ftlaunch.files import CONFIG_LIMIT, JSON_LIMIT, read_user_bytes, read_user_text
 from ftlaunch.plan.flags import truthy
 from ftlaunch.plan.keyschema import known_keys as known_keys  # re-exported: the key list, as before
 from ftlaunch.plan.keyschema import looks_like_path, validate_keys, validate_values
@@ -234,7 +236,7 @@ def _load_with_omegaconf(
             data = json.loads(text)
             node = OmegaConf.create(data) if isinstance(data, dict) else _yaml_scalar(text) or data
         else:
-            node = OmegaConf.load(src_abs)
+            node = OmegaConf.load(io.StringIO(text, newline=None))  # the text read once, bounded
     except OSError as exc:  # OmegaConf refuses a number or true/false as the whole file: "Invalid loaded object type"
         node = _yaml_scalar(text)
         if node is None:
@@ -281,18 +283,10 @@ def load_config(
             f"{path}: llamafactory-cli reads a .yaml, .yml or .json config",
             hint="pass the training config first, then key=value overrides",
         )
-    try:
-        text = src_abs.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:  # llamafactory-cli reads UTF-8 too (OmegaConf.load)
-        bad = exc.object[exc.start : exc.start + 1].hex()
-        raise ConfigError(
-            f"config file {path} is not UTF-8 text: byte 0x{bad} at offset {exc.start} cannot be decoded",
-            hint="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
-        ) from None
-    except FileNotFoundError:
+    try:  # UTF-8, as llamafactory-cli reads it (OmegaConf.load); a FIFO, /dev/zero or a huge file is refused
+        text = read_user_text(src_abs, limit=CONFIG_LIMIT, what=f"config file {path}", error=ConfigError)
+    except (FileNotFoundError, NotADirectoryError):
         raise ConfigError(f"config file {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     plain = None if overrides else _plain_mapping(text, json_file=src_abs.suffix == ".json")
     if plain is not None:  # what OmegaConf would give, without importing it (~0.1 s of a plan)
         merged, problems = plain, []
@@ -436,7 +430,7 @@ def resolve_paths(
         if key == "deepspeed":
             if v.lstrip().startswith("{"):
                 continue  # inline JSON
-            if not absolute.is_file():
+            if not absolute.exists():  # a FIFO or a device there is refused by load_deepspeed
                 # a what-if reads the ZeRO stage from the file's name (plan.memory.setup.deepspeed_stage)
                 missing(key, f"deepspeed: file {v} does not exist (resolved to {absolute})")
                 continue
@@ -450,7 +444,7 @@ def resolve_paths(
         if isinstance(ddir, str) and ddir != "ONLINE" and not ddir.startswith("REMOTE:"):
             ddir_abs = Path(ddir) if Path(ddir).is_absolute() else base_dir / ddir
             info = ddir_abs / "dataset_info.json"
-            if not info.is_file():
+            if not info.exists():  # a FIFO or a device there is refused by undefined_datasets
                 msg = f"dataset_dir: {info} does not exist (needed for dataset {out.get('dataset')!r})"
                 (problems if strict else warnings).append(msg)
             else:
@@ -484,7 +478,9 @@ def undefined_datasets(values: Mapping[str, Any], info_path: Path) -> list[str]:
     model has loaded. A hub dataset is named through dataset_dir ONLINE or a dataset_info.json entry
     with hf_hub_url / ms_hub_url, not by its id here."""
     try:
-        info = json.loads(info_path.read_text(encoding="utf-8"))
+        info = json.loads(read_user_bytes(info_path, limit=JSON_LIMIT, what=str(info_path), error=ConfigError))
+    except ConfigError as exc:  # not a regular file, too big: listed with the config's other problems
+        return [f"dataset_dir: {exc.problems[0]} ({exc.hint})"]
     except (OSError, ValueError) as exc:
         return [f"dataset_dir: {info_path} cannot be read as JSON: {_one_line(exc)}"]
     if not isinstance(info, dict):
@@ -524,10 +520,10 @@ def load_deepspeed(values: Mapping[str, Any]) -> dict[str, Any] | None:
     try:
         if text.lstrip().startswith("{"):
             return json.loads(text)
-        return json.loads(Path(text).read_text())
-    except FileNotFoundError:
+        return json.loads(read_user_bytes(text, limit=JSON_LIMIT, what=f"deepspeed: {text}", error=ConfigError))
+    except (FileNotFoundError, NotADirectoryError):
         return None  # resolve_paths refused it, or warned (a what-if plan: the stage comes from the name)
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # bytes that are not UTF-8 are a ValueError too
         raise ConfigError(f"deepspeed: {text} is not a readable JSON file: {exc}") from None
 
 

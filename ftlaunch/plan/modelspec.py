@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ftlaunch.files import JSON_LIMIT, read_user_bytes, value_error
 from ftlaunch.plan.rules import ptq_of
 
 __all__ = [
@@ -305,10 +306,10 @@ def load_config_json(path: str | Path) -> dict | None:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    if not p.is_file():
+    try:  # a FIFO, a device or a huge file is a ValueError (the callers' "cannot size the model")
+        data = json.loads(read_user_bytes(p, limit=JSON_LIMIT, what=str(p), error=value_error))
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    with p.open(encoding="utf-8") as fh:
-        data = json.load(fh)
     if not isinstance(data, dict):
         raise ValueError(f"{p}: config.json is not a JSON object")
     return data

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import HardwareError
+from ftlaunch.files import HARDWARE_LIMIT, read_user_text
 from ftlaunch.plan.hardware import (
     NVIDIA_SMI_QUERY,
     NVML_P2P_CAPS_INDEX_READ,
@@ -29,16 +30,18 @@ from ftlaunch.plan.hardware import (
 
 
 def load_hardware_file(path: str | Path) -> Hardware:
+    """A ``--hardware`` file: a regular file of at most HARDWARE_LIMIT (not /dev/zero, not a FIFO)."""
     p = Path(path)
     try:
-        text = p.read_text()
-    except FileNotFoundError as exc:
-        raise HardwareError(f"hardware file {p} does not exist") from exc
-    except OSError as exc:
-        raise HardwareError(
-            f"hardware file {p} is not valid JSON: {exc}",
+        text = read_user_text(
+            p,
+            limit=HARDWARE_LIMIT,
+            what=f"hardware file {p}",
+            error=HardwareError,
             hint="write it with `ftlaunch env --json > hw.json`",
-        ) from exc
+        )
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise HardwareError(f"hardware file {p} does not exist") from exc
     return hardware_from_json(text, p)
 
 

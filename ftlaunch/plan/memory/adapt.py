@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError, DoesNotFitError, HardwareError
+from ftlaunch.files import JSON_LIMIT, read_user_bytes
 from ftlaunch.plan import rules
 from ftlaunch.plan.change import Change
 from ftlaunch.plan.hardware import Hardware
@@ -48,7 +49,9 @@ def model_spec_for(
 
     if model_config:
         try:
-            return modelspec.spec_from_config(json.loads(Path(model_config).read_text())), None
+            what = f"--model-config {model_config}"
+            data = read_user_bytes(model_config, limit=JSON_LIMIT, what=what, error=ConfigError)
+            return modelspec.spec_from_config(json.loads(data)), None
         except (OSError, ValueError, KeyError) as exc:
             raise ConfigError(f"--model-config {model_config}: {exc}") from None
 
