@@ -50,6 +50,7 @@ RUN_PURE = {
     "accounting.py": "a run's attempts, rates and GPU-hours, from its events and trainer records",
     "progress.py": "progress from trainer_log.jsonl text: the step, the resume point, the furthest step, the rate",
     "runview.py": "what `status` and `runs` show, from a state and what the shell saw: the status now, ETA, message",
+    "secrecy.py": "what is secret (names, values, URL credentials) and how text and environments are cleaned of it",
 }
 
 # (module, what the check finds in it) -> why it stays. An exception no longer found is an error too.

@@ -28,6 +28,7 @@ from ftlaunch.run.notify import NOTIFY_KEY, Notifier
 from ftlaunch.run.procs import GroupStop, signal_group, start_time
 from ftlaunch.run.recovery import AttemptEnd, Halt
 from ftlaunch.run.rollback import HealthWatch
+from ftlaunch.run.secrecy import env_secret_values
 from ftlaunch.run.stacks import StackDump, dump_stacks, find_py_spy
 from ftlaunch.run.stall import EVAL_MARK, SAVE_MARK, StallPolicy
 from ftlaunch.run.state import RunState
@@ -234,7 +235,9 @@ class Attempts:
         (counted, said later) but never stops reading: a blocked pipe would hang the trainer."""
         if stream is None:
             return
+        # Found once: finding the environment's secrets costs ~0.6 ms, a chunk's redaction ~5 µs.
         secret_values = [str(v) for v in self._secrets().values()] + self.notifier.secret_values()
+        secret_values += env_secret_values(self.env)
         pending = b""
         log = self.journal.output_log()  # appends to train.log; what it cannot write is counted there
         for chunk in iter(lambda: stream.read1(65536), b""):
@@ -257,7 +260,7 @@ class Attempts:
         if self.health is not None:
             for line in text.splitlines(keepends=True):
                 self.health.console(line)  # grad_norm is only in the console (numeric health)
-        clean = redact(text, self.env, secret_values)
+        clean = redact(text, {}, secret_values)
         line = clean.encode() if clean != text else data
         log.write(line)
         if self.journal.echo:
