@@ -33,7 +33,7 @@ def _download_modelscope(
         )
     args = {"repo_id": repo_id, "revision": revision, "cache_dir": str(cache_dir) if cache_dir else None}
     proc = subprocess.run(
-        [sys.executable, "-c", _MODELSCOPE_CHILD, json.dumps(args)],
+        [sys.executable, "-P", "-c", _MODELSCOPE_CHILD, json.dumps(args)],  # -P: the cwd shadows no package
         stdout=subprocess.PIPE,  # stderr is inherited: modelscope's progress and errors reach the user directly
         text=True,
         check=False,

@@ -48,6 +48,15 @@ def liveness(pid: int | None, started: float | None) -> Liveness:
     return Liveness.ALIVE if abs(created - started) < 1.0 else Liveness.DEAD
 
 
+def python_module(python: str, module: str, *args: str) -> list[str]:
+    """``python -P -m module args``: a child of ftlaunch's own Python that the folder it starts in
+    cannot shadow. ``python -m`` puts the working folder first on sys.path, so a folder named
+    ``ftlaunch`` there (a clone's parent, a home with the clone in it) would be imported instead of
+    the package (issue 40); ``-P`` leaves it out. Every Python that can run ftlaunch knows ``-P``: the
+    package requires 3.11, which added it."""
+    return [python, "-P", "-m", module, *args]
+
+
 def spawn_detached(
     cmd: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None, pass_fds: Sequence[int] = ()
 ) -> subprocess.Popen:

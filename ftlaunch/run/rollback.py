@@ -238,7 +238,9 @@ def scale_lr(output_dir: Path, name: str, lr: float, python: str, stamp: int) ->
     shutil.rmtree(tmp, ignore_errors=True)  # our own scratch copy from an interrupted rollback
     try:
         shutil.copytree(src, tmp, copy_function=_link_or_copy)
-        r = subprocess.run([python, "-c", _SCALE_LR, str(tmp), repr(lr)], capture_output=True, text=True, timeout=600)
+        # cwd: -c puts the working folder first on sys.path, and the trainer's Python may predate -P
+        cmd = [python, "-c", _SCALE_LR, str(tmp), repr(lr)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
     except (OSError, subprocess.SubprocessError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         return str(exc)

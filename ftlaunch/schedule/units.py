@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ftlaunch.errors import StateError
 from ftlaunch.files import home
+from ftlaunch.run.procs import python_module
 from ftlaunch.run.trainer import SECRET_ENV
 from ftlaunch.schedule.cron import Cron, on_calendar
 
@@ -30,8 +31,9 @@ CARRY_ENV = (
 
 
 def run_argv(name: str, python: str) -> list[str]:
-    """The same Python environment, by absolute path (never resolved: a venv's python is a link)."""
-    return [os.path.abspath(python), "-m", "ftlaunch", "schedule", "run", name]
+    """The same Python environment, by absolute path (never resolved: a venv's python is a link), with
+    -P: cron starts it in the home folder, where a clone named ftlaunch would shadow the package."""
+    return python_module(os.path.abspath(python), "ftlaunch", "schedule", "run", name)
 
 
 def carried_env(env: Mapping[str, str]) -> dict[str, str]:

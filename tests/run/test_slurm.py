@@ -39,7 +39,7 @@ def test_script_asks_for_what_the_issue_lists(tmp_path):
     assert f"#SBATCH --output={tmp_path / 'run' / 'train.log'}" in s
     assert "export FTLAUNCH_HOME='/h o'" in s  # quoted for the shell
     assert "MASTER_ADDR" not in s.replace("# MASTER_ADDR", "")  # chosen by the batch step on the first node
-    assert s.rstrip().endswith(f"exec /venv/bin/python -m ftlaunch.run.slurm.job {tmp_path / 'run'}")
+    assert s.rstrip().endswith(f"exec /venv/bin/python -P -m ftlaunch.run.slurm.job {tmp_path / 'run'}")
     w = files.trainer
     assert "export NNODES=2" in w and "export NPROC_PER_NODE=8" in w and "export FORCE_TORCHRUN=1" in w
     assert "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in w and 'NODE_RANK="$SLURM_NODEID"' in w

@@ -311,7 +311,7 @@ def test_cron_line_uses_absolute_paths_and_carries_no_secrets(project, scratch_c
     line = entries(scratch_crontab.read_text())["nightly"].rstrip("\n")
     assert line.startswith("0 2 * * * ")
     assert f"FTLAUNCH_HOME={isolated_home}" in line
-    assert f"{os.path.abspath(sys.executable)} -m ftlaunch schedule run nightly" in line
+    assert f"{os.path.abspath(sys.executable)} -P -m ftlaunch schedule run nightly" in line
     assert f">> {isolated_home / 'schedules' / 'nightly.log'} 2>&1" in line
     assert line.endswith("# ftlaunch-schedule:nightly")
     printed = add("other", project, "--print").output

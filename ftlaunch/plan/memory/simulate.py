@@ -118,7 +118,8 @@ def run_child(
     start = time.monotonic()
     try:
         proc = subprocess.run(
-            [python or sys.executable, "-m", "ftlaunch.plan.memory.simulate"],
+            # -P: a folder named ftlaunch where this runs must not shadow the package (run/procs.python_module)
+            [python or sys.executable, "-P", "-m", "ftlaunch.plan.memory.simulate"],
             input=request,
             capture_output=True,
             text=True,

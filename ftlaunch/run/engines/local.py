@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, ClassVar
 
 from ftlaunch.errors import BusyError, StateError
 from ftlaunch.run.engines.base import Created, EngineStatus, Resumed, Started
-from ftlaunch.run.procs import liveness, spawn_detached
+from ftlaunch.run.procs import liveness, python_module, spawn_detached
 from ftlaunch.run.runview import local_status
 from ftlaunch.run.store import RunFolder, read_state
 from ftlaunch.run.trainer import find_trainer
@@ -32,7 +32,7 @@ RunHere = Callable[[Path, Mapping[str, str], "IO[str] | None", bool, "float | No
 
 
 def supervisor_command(run_dir: Path, lock_fd: int | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "ftlaunch.run.supervisor", str(run_dir)]
+    cmd = python_module(sys.executable, "ftlaunch.run.supervisor", str(run_dir))
     return cmd if lock_fd is None else [*cmd, "--lock-fd", str(lock_fd)]
 
 

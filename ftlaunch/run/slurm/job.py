@@ -31,6 +31,7 @@ from types import FrameType
 from ftlaunch.errors import FtlaunchError, StateError
 from ftlaunch.run import transitions as journal
 from ftlaunch.run.events import Event
+from ftlaunch.run.procs import python_module
 from ftlaunch.run.slurm import sbatch as slurm
 from ftlaunch.run.state import FailureKind, RunStatus
 from ftlaunch.run.store import read_events, read_state
@@ -54,8 +55,8 @@ def child_command(run_dir: Path, python: str) -> list[str]:
     """The supervisor for a run that never started; else a foreground resume (a requeued job)."""
     started = any(e.get("event") == Event.ATTEMPT_STARTED for e in read_events(run_dir))
     if not started:
-        return [python, "-m", "ftlaunch.run.supervisor", str(run_dir)]
-    return [python, "-m", "ftlaunch", "resume", run_dir.name, "--foreground", "--no-follow"]
+        return python_module(python, "ftlaunch.run.supervisor", str(run_dir))
+    return python_module(python, "ftlaunch", "resume", run_dir.name, "--foreground", "--no-follow")
 
 
 # A run that ended here must stay down when the job is requeued (by us, an admin or a node failure):

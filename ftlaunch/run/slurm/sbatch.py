@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ftlaunch.errors import ConfigError, FtlaunchError, TrainerError
 from ftlaunch.run import secrecy
+from ftlaunch.run.procs import python_module
 from ftlaunch.run.store import RunFolder
 from ftlaunch.run.trainer import CPU_SITE as TRAINER_CPU_SITE
 
@@ -143,7 +144,7 @@ def _batch_script(
         *([f"export FTLAUNCH_MASTER_ADDR={q(req.master_addr)}"] if req.master_addr else []),
         f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"',
         f"export FTLAUNCH_LLAMAFACTORY_CLI={q(str(RunFolder(run_dir).srun_trainer))}",
-        f"exec {q(python)} -m ftlaunch.run.slurm.job {q(str(run_dir))}",
+        "exec " + shlex.join(python_module(python, "ftlaunch.run.slurm.job", str(run_dir))),
         "",
     ]
 
@@ -154,10 +155,11 @@ def _wrapper_script(req: SlurmRequest, python: str, trainer: Sequence[str]) -> l
     step = f"srun --nodes={req.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
     check = []
     if req.nodes > 1 and req.rendezvous_timeout > 0:
+        rendezvous = python_module(python, "ftlaunch.run.slurm.rendezvous", "--timeout", f"{req.rendezvous_timeout:g}")
         check = [
             f"# Every node reaches MASTER_ADDR:MASTER_PORT within {req.rendezvous_timeout:g} s, or the attempt ends",
             "# with 'ftlaunch: rendezvous failed' (torchrun itself would retry forever).",
-            f"{step} {q(python)} -m ftlaunch.run.slurm.rendezvous --timeout {req.rendezvous_timeout:g}",
+            f"{step} {shlex.join(rendezvous)}",
         ]
     cpu = []
     if req.cpu:
