@@ -17,21 +17,21 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from ftlaunch.errors import BusyError
 from ftlaunch.files import home
 from ftlaunch.run import progress as prog
+from ftlaunch.run import secrecy
 from ftlaunch.run import transitions as journal
 from ftlaunch.run.events import Event
 from ftlaunch.run.procs import Liveness, liveness, spawn_detached
 from ftlaunch.run.ray import jobs
 from ftlaunch.run.ray.record import RayRecord, Submission, read_record, write_record
 from ftlaunch.run.state import RunState, RunStatus
-from ftlaunch.run.store import RunFolder, read_events, read_state
-from ftlaunch.run.trainer import SECRET_ENV, public_env
+from ftlaunch.run.store import RunFolder, keep_notify_secrets, read_events, read_secrets, read_state
 
 SUBMISSION_ENV = "FTLAUNCH_RAY_SUBMISSION"
 # What a trainer (or ftlaunch on the node) reads from its environment, carried into the job.
@@ -40,21 +40,20 @@ CARRIED_PREFIXES = (
     "TORCH_", "OMP_", "MKL_", "WANDB_", "LLAMAFACTORY_",
 )  # fmt: skip
 CARRIED_NAMES = ("PYTHONPATH", "MPLCONFIGDIR", "XDG_CACHE_HOME", "TMPDIR", "LANG", "LC_ALL", "DISABLE_VERSION_CHECK")
-_NEVER = frozenset(SECRET_ENV) | {SUBMISSION_ENV, "FTLAUNCH_DEBUG"}
+_NEVER = frozenset({SUBMISSION_ENV, "FTLAUNCH_DEBUG"})
 
 
-def _secret_name(name: str) -> bool:
-    upper = name.upper()
-    return name in _NEVER or any(w in upper for w in ("TOKEN", "SECRET", "PASSWORD", "API_KEY"))
-
-
-def job_env(env: Mapping[str, str], plan_env: Mapping[str, str], python: str) -> dict[str, str]:
+def job_env(
+    env: Mapping[str, str], plan_env: Mapping[str, str], python: str, secrets: Iterable[str] = ()
+) -> dict[str, str]:
     """The job's env_vars (pure): PATH with ``python``'s bin folder first, FTLAUNCH_HOME made
-    absolute, the carried variables of ``env`` and the plan's public launch variables; no secret."""
-    carried = {
-        k: v for k, v in env.items() if (k.startswith(CARRIED_PREFIXES) or k in CARRIED_NAMES) and not _secret_name(k)
-    }
-    launch = {k: v for k, v in public_env(plan_env).items() if v != "***" and not _secret_name(k)}
+    absolute, the carried variables of ``env`` and the plan's launch variables. The dashboard shows
+    them to anyone who reaches it: no secret name, no notification setting, no value that holds a
+    secret of ``env`` or of ``secrets`` (the run's secrets.json), as ``secrecy.job_env`` decides."""
+    named = {k: v for k, v in env.items() if (k.startswith(CARRIED_PREFIXES) or k in CARRIED_NAMES) and k not in _NEVER}
+    known = [*secrecy.env_secret_values(env), *secrets]
+    carried = secrecy.job_env(named, known)
+    launch = secrecy.job_env(plan_env, known)
     bindir = str(Path(python).parent)
     path = [bindir, *[p for p in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep) if p != bindir]]
     return {**carried, **launch, "FTLAUNCH_HOME": str(home(env).absolute()), "PATH": os.pathsep.join(path)}
@@ -88,7 +87,7 @@ def submit_attempt(run_dir: Path, env: Mapping[str, str], why: str) -> str:
     python = os.path.abspath(sys.executable)
     last = prog.last_complete_checkpoint(Path(state.output_dir or "."))
     resume_from = None if first or last is None else last[1].name
-    env_vars = {**record.env_vars, SUBMISSION_ENV: sid}
+    env_vars = {**secrecy.job_env(record.env_vars), SUBMISSION_ENV: sid}  # a ray.json of before may hold one
     # Recorded before the call: a submission that reached the head is never left unknown.
     write_record(run_dir, record.with_submission(Submission(sid, time.time(), resume_from, why)))
     jobs.submit(
@@ -107,10 +106,14 @@ def submit_attempt(run_dir: Path, env: Mapping[str, str], why: str) -> str:
 
 
 def first_submission(run_dir: Path, env: Mapping[str, str], address: str, plan_env: Mapping[str, str]) -> str:
-    """Write ray.json and submit the run's first attempt (status queued until its supervisor runs)."""
+    """Write ray.json and submit the run's first attempt (status queued until its supervisor runs).
+    FTLAUNCH_NOTIFY stays here: its destinations go to the run's secrets.json, where the job's
+    supervisor reads them (0600, never in the job's env, which the dashboard shows)."""
     state = read_state(run_dir)
     cpus, gpus = driver_resources(state)
-    env_vars = job_env(env, plan_env, os.path.abspath(sys.executable))
+    keep_notify_secrets(run_dir, env)
+    secrets = secrecy.secret_values(read_secrets(run_dir), env)
+    env_vars = job_env(env, plan_env, os.path.abspath(sys.executable), secrets)
     write_record(run_dir, RayRecord(address=address, cpus=cpus, gpus=gpus, env_vars=env_vars))
     RunFolder(run_dir).train_log.touch()  # `logs -f` works while the job is pending
     journal.queued(run_dir, f"submitted to the Ray cluster at {address}")
