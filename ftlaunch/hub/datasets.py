@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError
+from ftlaunch.files import JSON_LIMIT, read_user_bytes
 from ftlaunch.hub.repo import HubSettings, is_repo_id
 from ftlaunch.plan.datainfo import INFO_FILE, ONLINE, OTHER_HUBS
 
@@ -129,8 +130,8 @@ def read_dataset_info(dataset_dir: str) -> dict[str, Any] | None:
         return None
     path = Path(dataset_dir) / INFO_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(read_user_bytes(path, limit=JSON_LIMIT, what=f"dataset_dir: {path}", error=ConfigError))
+    except (OSError, ValueError) as exc:
         raise ConfigError(f"dataset_dir: cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"dataset_dir: {path} is not a JSON object")

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import VerifyError
+from ..files import JSON_LIMIT, read_user_bytes, value_error
 from .results import ExpectedFile
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def _check_snapshot(path: Path, expected: Sequence[ExpectedFile]) -> list[tuple[
     for index in sorted(path.rglob("*.safetensors.index.json")):
         rel = index.relative_to(path).as_posix()
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = json.loads(read_user_bytes(index, limit=JSON_LIMIT, what=rel, error=value_error))["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             problems.append((rel, f"{rel}: unreadable safetensors index ({type(exc).__name__})"))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import DiskFullError
-from ftlaunch.files import tree_bytes
+from ftlaunch.files import JSON_LIMIT, read_user_bytes, tree_bytes, value_error
 from ftlaunch.plan.disk import (
     DiskForecast,
     DiskVerdict,
@@ -241,7 +241,8 @@ def dataset_rows(values: Mapping[str, Any]) -> int | None:
     items = [str(n).strip() for n in items if str(n).strip()]
     dataset_dir = Path(str(values.get("dataset_dir") or "data"))
     try:
-        info = json.loads((dataset_dir / "dataset_info.json").read_text(encoding="utf-8"))
+        path = dataset_dir / "dataset_info.json"
+        info = json.loads(read_user_bytes(path, limit=JSON_LIMIT, what=str(path), error=value_error))
     except (OSError, ValueError):
         return None
     cap = values.get("max_samples")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError, NotifyConfigError, StateError
-from ftlaunch.files import home, now_iso
+from ftlaunch.files import NOTIFY_LIMIT, home, now_iso, read_user_text
 from ftlaunch.run.events import Event
 from ftlaunch.run.notify_delivery import HTTP, TIMEOUT_S, apprise_send, post_or_run
 from ftlaunch.run.secrecy import NOTIFY_KEY, scrub, secret_values
@@ -171,16 +171,17 @@ def load_file(env: Mapping[str, str], apprise_ok: bool | None = None) -> NotifyS
     """notify.yaml's destinations (``routes``); none when there is no file. NotifyConfigError (exit 19)
     naming the file and each wrong key when it cannot be read or is wrong."""
     path = notify_file(env)
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a regular file of at most NOTIFY_LIMIT: /dev/zero, a FIFO or a huge file is refused at once
+        text = read_user_text(path, limit=NOTIFY_LIMIT, what="the file", error=_file_error(path))
     except (FileNotFoundError, NotADirectoryError):  # FTLAUNCH_HOME a file: that is said elsewhere (exit 12)
         return NotifySpec()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise NotifyConfigError(str(path), [f"cannot be read: {why}"], hint=FILE_HINT) from None
     if apprise_ok is None:
         apprise_ok = importlib.util.find_spec("apprise") is not None
     return parse_file(text, str(path), apprise_ok)
+
+
+def _file_error(path: Path) -> Callable[[str, str], NotifyConfigError]:
+    return lambda problem, hint: NotifyConfigError(str(path), [problem], hint=f"{hint}; {FILE_HINT}")
 
 
 def parse_file(text: str, where: str, apprise_ok: bool) -> NotifySpec:
@@ -263,7 +264,8 @@ def shared_secret_values(env: Mapping[str, str]) -> list[str]:
     try:
         import yaml
 
-        data = yaml.safe_load(notify_file(env).read_text(encoding="utf-8"))
+        path = notify_file(env)
+        data = yaml.safe_load(read_user_text(path, limit=NOTIFY_LIMIT, what="the file", error=_file_error(path)))
     except Exception:
         return found
     dests = data.get("destinations") if isinstance(data, Mapping) else None

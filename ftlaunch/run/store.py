@@ -38,7 +38,17 @@ from typing import Any
 import yaml
 
 from ftlaunch.errors import StateError, StateVersionError
-from ftlaunch.files import home_folder, now_iso, to_json, write_json_atomic, write_text_atomic
+from ftlaunch.files import (
+    JSON_LIMIT,
+    home_folder,
+    now_iso,
+    read_user_bytes,
+    read_user_text,
+    to_json,
+    value_error,
+    write_json_atomic,
+    write_text_atomic,
+)
 from ftlaunch.locks import held
 from ftlaunch.plan.config import dump_yaml, read_header
 from ftlaunch.run.events import Event
@@ -206,8 +216,10 @@ def _rename_into_view(tmp: Path, dest: Path) -> None:
 
 
 def read_config(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """config.yaml: its values and its header (the plan's notes on top). OSError when it is missing."""
-    text = RunFolder(run_dir).config.read_text()
+    """config.yaml: its values and its header (the plan's notes on top). OSError when it is missing;
+    StateError when it is no regular file or over JSON_LIMIT (someone else's, not the one ftlaunch wrote)."""
+    path = RunFolder(run_dir).config
+    text = read_user_text(path, limit=JSON_LIMIT, what=f"run {run_dir.name}: {path.name}", error=StateError)
     return yaml.safe_load(text) or {}, read_header(text)
 
 
@@ -241,7 +253,7 @@ def read_plan(run_dir: Path) -> dict[str, Any]:
 def _json_object(path: Path) -> dict[str, Any]:
     """The JSON object a file holds; {} when it is missing, unreadable or holds no object."""
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_user_bytes(path, limit=JSON_LIMIT, what=str(path), error=value_error))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -316,8 +328,9 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 def read_state(run_dir: Path) -> RunState:
     path = RunFolder(run_dir).state
     hint = f"the run can still be resumed from its output_dir: ftlaunch resume {run_dir.name}"
-    try:
-        data = json.loads(path.read_bytes())
+    try:  # a foreign state.json (a FIFO, /dev/zero, a huge file) is refused, never read without end
+        what = f"run {run_dir.name}: state.json"
+        data = json.loads(read_user_bytes(path, limit=JSON_LIMIT, what=what, error=StateError, hint=hint))
     except FileNotFoundError:
         raise StateError(f"run {run_dir.name}: state.json is missing", hint=hint) from None
     except (OSError, ValueError) as exc:  # a bad byte is a UnicodeDecodeError, a ValueError

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ftlaunch.errors import BusyError, ConfigError, FtlaunchError, RunNotFoundError, StateError, StateVersionError
-from ftlaunch.files import home, home_folder, now_iso, write_json_atomic
+from ftlaunch.files import JSON_LIMIT, home, home_folder, now_iso, read_user_bytes, write_json_atomic
 from ftlaunch.locks import held, try_flock
 from ftlaunch.run.options import RunOptions
 from ftlaunch.schedule.cron import ScheduleError
@@ -298,10 +298,10 @@ def read_record(env: Mapping[str, str], name: str) -> ScheduleRecord:
     check_name(name)
     path = record_path(env, name)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_user_bytes(path, limit=JSON_LIMIT, what=f"schedule {name}: {path}", error=StateError))
     except FileNotFoundError:
         raise RunNotFoundError(f"no schedule {name!r}", hint="`ftlaunch schedule list` shows them") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise StateError(f"schedule {name}: {path} is unreadable ({exc})") from None
     return ScheduleRecord.from_json(data, f"schedule {name}: {path}")
 
@@ -318,11 +318,12 @@ def write_schedule_secrets(env: Mapping[str, str], name: str, secrets: Mapping[s
 
 
 def read_schedule_secrets(env: Mapping[str, str], name: str) -> dict[str, str]:
+    path = secrets_path(env, name)
     try:
-        data = json.loads(secrets_path(env, name).read_text())
+        data = json.loads(read_user_bytes(path, limit=JSON_LIMIT, what=f"schedule {name}: {path}", error=StateError))
     except FileNotFoundError:
         return {}
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise StateError(f"schedule {name}: {secrets_path(env, name)} is unreadable ({exc})") from None
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 

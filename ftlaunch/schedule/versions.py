@@ -11,12 +11,14 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import ConfigError, StateError
+from ftlaunch.files import JSON_LIMIT, read_user_bytes, value_error
 from ftlaunch.schedule.records import EntryStatus, HistoryEntry, ScheduleRecord
 
 
@@ -75,9 +77,9 @@ def content_hash(values: Mapping[str, Any], env_base: Path) -> str:
     ddir = ddir if ddir.is_absolute() else env_base / ddir
     info_path = ddir / "dataset_info.json"
     try:
-        info = json.loads(info_path.read_text())
+        info = json.loads(read_user_bytes(info_path, limit=JSON_LIMIT, what=str(info_path), error=value_error))
         _hash_file(h, info_path)
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         info = {}
         h.update(b"no dataset_info.json")
     names, remote = dataset_files(values, info if isinstance(info, dict) else {})
@@ -93,6 +95,9 @@ def content_hash(values: Mapping[str, Any], env_base: Path) -> str:
 def _hash_file(h: Any, path: Path) -> None:
     h.update(f"\0{path}\0".encode())
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, /dev/zero never end
+            h.update(b"not a regular file")
+            return
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
