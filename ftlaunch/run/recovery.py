@@ -46,10 +46,16 @@ _CONFIG_TYPES = (
     "RevisionNotFoundError",
     "IsADirectoryError",
     "NotADirectoryError",
-    # A package the config needs is not installed (deepspeed, bitsandbytes, ...): the same every time.
-    "ModuleNotFoundError",
-    "ImportError",
 )
+# A package the config needs is not installed where the trainer runs (use_unsloth without unsloth,
+# deepspeed, bitsandbytes; LLaMA-Factory's check_version raises PackageNotFoundError): the same every
+# time, a setup error, never retried (issue 40).
+_MISSING_TYPES = ("ModuleNotFoundError", "ImportError", "PackageNotFoundError")
+_MISSING_MESSAGES = re.compile(
+    r"(No module named|is not installed|Please install|pip install|was not found and is required)"
+)
+# Python's own words when `python -m MODULE` cannot import its package (no traceback follows).
+_NO_MODULE = re.compile(r"(Error while finding module specification|No module named)[^\n]*")
 _CONFIG_MESSAGES = re.compile(
     r"(not used by the HfArgumentParser|FORCE_TORCHRUN|doesn't support bf16|does not support pure_bf16|"
     r"Cannot open|Undefined dataset|Can't find a valid checkpoint|is not empty|Please |not supported|"
@@ -145,20 +151,46 @@ def _unloadable_checkpoint(returncode: int, log: str) -> Exit | None:
     return Exit(FailureKind.CRASH, message, {"exception": etype, UNLOADABLE: line})
 
 
-def _exception(returncode: int, log: str) -> Exit | None:
+def _final_exception(log: str) -> tuple[re.Match[str], str] | None:
+    """The traceback's last exception line (past wrappers that only say a child failed) and its type."""
     errors = [m for m in _EXC_LINE.finditer(log) if not m.group(1).endswith(_WRAPPERS)]
-    if not errors:
+    return (errors[-1], errors[-1].group(1).rsplit(".", 1)[-1]) if errors else None
+
+
+def _missing_package(returncode: int, log: str) -> Exit | None:
+    """An attempt that died for want of a package: its last exception is an import error or says to
+    install one; with no traceback, Python's own "No module named" line (``python -m`` of a package it
+    cannot import)."""
+    found = _final_exception(log)
+    if found is not None:
+        last, etype = found
+        if etype not in _MISSING_TYPES and not _MISSING_MESSAGES.search(last.group(2)):
+            return None
+        line = _line_of(log, last.start())
+    else:
+        tail = [ln for ln in log.strip().splitlines() if ln.strip()][-1:]
+        bare = _NO_MODULE.search(tail[0]) if tail else None
+        if bare is None:
+            return None
+        line, etype = bare.group(0).strip()[:400], "ModuleNotFoundError"
+    return Exit(FailureKind.SETUP, f"a package is missing where the trainer runs: {line}", {"exception": etype})
+
+
+def _exception(returncode: int, log: str) -> Exit | None:
+    found = _final_exception(log)
+    if found is None:
         return None
-    last = errors[-1]
-    etype, msg = last.group(1).rsplit(".", 1)[-1], last.group(2)
+    last, etype = found
+    msg = last.group(2)
     if etype in _CONFIG_TYPES or (etype in ("ValueError", "OSError") and _CONFIG_MESSAGES.search(msg)):
         return Exit(FailureKind.CONFIG, _line_of(log, last.start()), {"exception": etype})
     return Exit(FailureKind.CRASH, f"exit code {returncode}: {_line_of(log, last.start())}", {"exception": etype})
 
 
 def _last_line(returncode: int, log: str) -> Exit:
-    tail = [ln for ln in log.strip().splitlines() if ln.strip()][-1:] or [""]
-    return Exit(FailureKind.CRASH, f"exit code {returncode}: {tail[0].strip()[:300]}")
+    tail = [ln for ln in log.strip().splitlines() if ln.strip()][-1:]
+    said = tail[0].strip()[:300] if tail else "(it printed nothing)"
+    return Exit(FailureKind.CRASH, f"exit code {returncode}: {said}")
 
 
 # The classification table: the first row that matches an attempt's (exit code, whole log) names what
@@ -172,6 +204,7 @@ PATTERNS: tuple[Callable[[int, str], Exit | None], ...] = (
     _cuda_oom,
     _bare_sigkill,
     _unloadable_checkpoint,
+    _missing_package,
     _exception,
     _last_line,
 )
@@ -433,7 +466,9 @@ _CRASH = Policy(Retry.SAME, "crash", refills=True, braked=True, label="crash", s
 # The policy table: one row per failure class that recovery decides about.
 POLICIES: dict[FailureKind, Policy] = {
     FailureKind.CONFIG: Policy(Retry.NEVER, note="a config error: not retried"),
-    FailureKind.SETUP: Policy(Retry.NEVER, note="a config error: not retried"),
+    FailureKind.SETUP: Policy(
+        Retry.NEVER, note="a setup error: not retried; install it where the trainer runs, then `ftlaunch resume`"
+    ),
     FailureKind.RENDEZVOUS: Policy(Retry.NEVER),  # a retry meets the same addresses and network
     FailureKind.DISK_FULL: Policy(Retry.NEVER, ends=RunStatus.DISK_FULL),  # the same save, the same full disk
     FailureKind.CUDA_OOM: Policy(Retry.SHRINK, "oom", refills=True, label="OOM"),

@@ -334,11 +334,11 @@ def test_a_trainer_that_exits_0_without_a_step_did_not_succeed(tmp_path):
     assert "without a single optimizer step" in st.message and len(configs_seen(tmp_path)) == 1
 
 
-def test_a_missing_package_is_a_config_error_not_a_crash_to_retry():
+def test_a_missing_package_is_a_setup_error_not_a_crash_to_retry():
     from ftlaunch.run.recovery import classify
 
     log = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'deepspeed'\n"
-    assert classify(1, log).kind is FailureKind.CONFIG
+    assert classify(1, log).kind is FailureKind.SETUP  # never retried (tests/run/test_import_death.py)
 
 
 def test_enospc_while_saving_ends_disk_full_after_one_attempt_keeping_complete_checkpoints(tmp_path):

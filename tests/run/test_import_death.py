@@ -1,0 +1,136 @@
+"""Issue 40 items 2 and 8: an attempt that dies for want of a package (``use_unsloth: true`` without
+unsloth: the trainer's ModuleNotFoundError, or LLaMA-Factory's own check_version refusing it) is a
+setup error: the run ends at once, one attempt, never retried as a crash, and `ftlaunch status` says
+the real error, not "exit code 1".
+
+The trainer is a stand-in set through FTLAUNCH_LLAMAFACTORY_CLI (a shell wrapper, as
+tests/fake_trainer.py's): a real Python that really fails the import, or really runs LLaMA-Factory's
+check_version. The classification rows themselves are tested on captured text below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftlaunch.run.policy import Budget
+from ftlaunch.run.recovery import Action, classify, decide
+from ftlaunch.run.state import FailureKind
+
+from ..conftest import venv_bin
+from ..fake_trainer import write_config
+from ..helpers import said, wait_for
+
+UNSLOTH = "import unsloth  # use_unsloth: true, unsloth not installed\n"
+LLAMAFACTORY_CHECK = (
+    "from llamafactory.extras.misc import check_version\n"
+    'check_version("unsloth", mandatory=True)  # what LLaMA-Factory runs for use_unsloth\n'
+)
+
+
+def stand_in(folder: Path, body: str) -> Path:
+    """A llamafactory-cli whose `train` runs ``body`` in a real Python, counting its starts."""
+    script = folder / "trainer.py"
+    script.write_text(
+        "import pathlib, sys\n"
+        f"counter = pathlib.Path({str(folder / 'starts')!r})\n"
+        "counter.write_text(str(int(counter.read_text()) + 1 if counter.exists() else 1))\n"
+        "if sys.argv[1:2] != ['train']:\n"
+        "    print('stand-in llamafactory-cli'); sys.exit(0)\n"
+        "print('loading the model', flush=True)\n" + body
+    )
+    wrapper = folder / "llamafactory-cli"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def ftl(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv_bin() / "ftlaunch"), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [(UNSLOTH, "No module named 'unsloth'"), (LLAMAFACTORY_CHECK, "The 'unsloth' distribution was not found")],
+    ids=["ModuleNotFoundError", "llamafactory-check_version"],
+)
+def test_a_missing_package_ends_the_run_at_once_and_status_says_it(tmp_path, body, error):
+    env = {**os.environ, "FTLAUNCH_HOME": str(tmp_path / "home")}
+    env["FTLAUNCH_LLAMAFACTORY_CLI"] = str(stand_in(tmp_path, body))
+    cfg = write_config(tmp_path, use_unsloth=True)
+    r = ftl(env, "train", str(cfg), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = json.loads(r.stdout)
+
+    def ended() -> dict | None:
+        s = json.loads(ftl(env, "status", run["id"], "--json").stdout)
+        return s if s["status"] in ("failed", "succeeded", "lost", "no_progress") else None
+
+    final = wait_for(ended, "the run's end", timeout=180)
+    assert final["status"] == "failed" and final["failure_kind"] == "setup_error", final
+    assert error in final["message"] and "not retried" in final["message"], final["message"]
+    assert not final["message"].startswith("exit code"), final["message"]
+    assert (tmp_path / "starts").read_text() == "1"  # one attempt, not the crash budget's three
+    events = [json.loads(x) for x in (Path(run["run_dir"]) / "events.jsonl").read_text().splitlines() if x.strip()]
+    assert not [e for e in events if e["event"] == "retry"], events
+    shown = ftl(env, "status", run["id"])
+    assert said(error, shown.stdout) and shown.returncode != 0, shown.stdout + shown.stderr
+
+
+# ---------------------------------------------------------------- the rows, on captured text
+
+TORCHRUN = """[rank0]: Traceback (most recent call last):
+[rank0]:   File "/v/lib/python3.11/site-packages/llamafactory/model/model_utils/unsloth.py", line 55
+[rank0]:     from unsloth import FastLanguageModel
+[rank0]: ModuleNotFoundError: No module named 'unsloth'
+E1207 19:00:00 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1) local_rank: 0
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+launcher.py FAILED
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "error"),
+    [
+        (TORCHRUN, "No module named 'unsloth'"),
+        (
+            "Traceback (most recent call last):\nimportlib.metadata.PackageNotFoundError: No package metadata was "
+            "found for The 'unsloth' distribution was not found and is required by this application. "
+            "To fix: run `pip install unsloth`.\n",
+            "pip install unsloth",
+        ),
+        ("Traceback (most recent call last):\nImportError: mcore_adapter is missing. Please install it\n", "mcore"),
+        ("Traceback (most recent call last):\nRuntimeError: liger-kernel is not installed\n", "liger-kernel"),
+        (
+            "/v/bin/python: Error while finding module specification for 'ftlaunch.run.supervisor' "
+            "(ModuleNotFoundError: No module named 'ftlaunch.run')\n",
+            "No module named 'ftlaunch.run'",
+        ),
+    ],
+    ids=["torchrun", "PackageNotFoundError", "ImportError-please-install", "not-installed", "python-m"],
+)
+def test_a_missing_package_is_a_setup_error_never_retried(log, error):
+    ex = classify(1, log)
+    assert ex.kind is FailureKind.SETUP and error in ex.message, ex
+    d = decide(ex, {}, Budget())
+    assert d.action is Action.FAIL and error in d.message and "not retried" in d.message
+
+
+def test_other_failures_keep_their_rows():
+    """An import error printed before the real end (a warning's traceback) does not make it a setup
+    error; a crash stays a crash; an attempt that printed nothing says so instead of a bare code."""
+    earlier = "Traceback (most recent call last):\nImportError: no flash_attn, using sdpa\nstep 3\n"
+    crash = earlier + "Traceback (most recent call last):\nRuntimeError: NCCL timeout\n"
+    assert classify(1, crash).kind is FailureKind.CRASH
+    assert classify(1, "Traceback (most recent call last):\nValueError: Undefined dataset x\n").kind is (
+        FailureKind.CONFIG
+    )
+    assert classify(1, "").message == "exit code 1: (it printed nothing)"
