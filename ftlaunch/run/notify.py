@@ -749,7 +749,7 @@ def hand_on(run_dir: Path, env: Mapping[str, str], jobs: list[dict[str, Any]], s
     """Deliveries for a detached child (``python -m ftlaunch.run.notify RUN_DIR``, the jobs on stdin):
     it reads the destinations from the run's secrets.json, so they never pass through a command line."""
     child = spawn(
-        [sys.executable, "-m", "ftlaunch.run.notify", str(run_dir)],
+        [sys.executable, "-P", "-m", "ftlaunch.run.notify", str(run_dir)],  # -P: see procs.python_module
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -154,7 +154,7 @@ def test_the_job_env_carries_path_home_and_the_plan_env_but_no_secret(tmp_path):
 
 def test_the_entrypoint_is_the_supervisor_then_a_foreground_resume(tmp_path):
     run = tmp_path / "runs" / "20260101-000000-abcd"
-    assert entrypoint(run, "/v/bin/python", True) == f"exec /v/bin/python -m ftlaunch.run.supervisor {run}"
+    assert entrypoint(run, "/v/bin/python", True) == f"exec /v/bin/python -P -m ftlaunch.run.supervisor {run}"
     assert entrypoint(run, "/v/bin/python", False).endswith("resume 20260101-000000-abcd --foreground --no-follow")
 
 

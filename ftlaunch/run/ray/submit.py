@@ -27,7 +27,7 @@ from ftlaunch.run import progress as prog
 from ftlaunch.run import secrecy
 from ftlaunch.run import transitions as journal
 from ftlaunch.run.events import Event
-from ftlaunch.run.procs import Liveness, liveness, spawn_detached
+from ftlaunch.run.procs import Liveness, liveness, python_module, spawn_detached
 from ftlaunch.run.ray import jobs
 from ftlaunch.run.ray.record import RayRecord, Submission, read_record, write_record
 from ftlaunch.run.state import RunState, RunStatus
@@ -62,10 +62,13 @@ def job_env(
 def entrypoint(run_dir: Path, python: str, first: bool) -> str:
     """The supervisor for a run that never started; else a foreground resume (from the last complete
     checkpoint, this run's orphaned trainer ended first)."""
-    # exec: the job's driver (the entrypoint's process) is ftlaunch itself, not a shell above it.
+    # exec: the job's driver (the entrypoint's process) is ftlaunch itself, not a shell above it. -P
+    # (python_module): the job's working folder is Ray's choice, and a folder there named ftlaunch
+    # must not stand in for the package (issue 40).
     if first:
-        return f"exec {shlex.quote(python)} -m ftlaunch.run.supervisor {shlex.quote(str(run_dir))}"
-    return f"exec {shlex.quote(python)} -m ftlaunch resume {shlex.quote(run_dir.name)} --foreground --no-follow"
+        return "exec " + shlex.join(python_module(python, "ftlaunch.run.supervisor", str(run_dir)))
+    resume = python_module(python, "ftlaunch", "resume", run_dir.name, "--foreground", "--no-follow")
+    return "exec " + shlex.join(resume)
 
 
 def driver_resources(state: RunState) -> tuple[float, float | None]:
@@ -146,7 +149,7 @@ def refuse_beside_active(run_dir: Path, env: Mapping[str, str], output_dir: str)
 
 def start_follower(run_dir: Path, env: Mapping[str, str]) -> int:
     """The follower, detached (a new session): it outlives the shell that started the run."""
-    cmd = [os.path.abspath(sys.executable), "-m", "ftlaunch.run.ray.follow", str(run_dir)]
+    cmd = python_module(os.path.abspath(sys.executable), "ftlaunch.run.ray.follow", str(run_dir))
     proc = spawn_detached(cmd, env, run_dir / "follower.log", cwd=run_dir)
     return proc.pid
 
