@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+where="its own FTLAUNCH_HOME"
+[ -n "${FTLAUNCH_HOME:-}" ] && where="the FTLAUNCH_HOME you set"
 export FTLAUNCH_HOME=${FTLAUNCH_HOME:-$PWD/.demo/home}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 if [ ! -f .demo/model/config.json ]; then
@@ -18,8 +20,8 @@ echo "== status"
 .venv/bin/ftlaunch status
 cat <<MSG
 == where the demo's runs are
-The demo keeps its runs in its own FTLAUNCH_HOME, $FTLAUNCH_HOME (not your ~/.local/state/ftlaunch),
-so \`ftlaunch runs\` without it does not list them. To see them:
+The demo keeps its runs in $where, $FTLAUNCH_HOME (not the default
+~/.local/state/ftlaunch), so \`ftlaunch runs\` without it does not list them. To see them:
   FTLAUNCH_HOME=$FTLAUNCH_HOME .venv/bin/ftlaunch runs
   FTLAUNCH_HOME=$FTLAUNCH_HOME .venv/bin/ftlaunch status
   FTLAUNCH_HOME=$FTLAUNCH_HOME .venv/bin/ftlaunch logs
