@@ -299,3 +299,44 @@ def test_unloadable_checkpoints_are_set_aside_one_per_attempt_within_the_crash_b
         "incomplete-checkpoint-4",
         "incomplete-checkpoint-8",
     ]  # both kept, none deleted
+
+
+# ---------------------------------------------------------------- 4. the real trainer (e2e lane)
+
+
+@pytest.mark.e2e
+def test_the_real_trainer_resumes_past_a_torn_optimizer_and_an_unloadable_checkpoint(tiny, tmp_path):
+    """Checkpoints 2, 4, 6 of the tiny model, the run stopped; then 6's optimizer.pt cut to half (caught
+    by content, before the attempt) and 4's model.safetensors given a dtype safetensors does not know
+    (its header parses: only the trainer's load finds it). `resume` goes on from checkpoint-2."""
+    from ..conftest import child_env, tiny_config, write_yaml
+    from .test_e2e_detached import slow_env, trainer_steps, wait_for
+
+    out = tmp_path / "out"
+    cfg = write_yaml(tmp_path / "c.yaml", tiny_config(tiny, out, max_steps=24, save_steps=2))
+    r = ftl("train", str(cfg), "--name", "real", env=slow_env("0.5"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_for(lambda: (last_complete_checkpoint(out) or (0,))[0] >= 6)
+    assert ftl("stop", "real", env=child_env()).returncode == 0
+    later = tmp_path / "later"  # a save after checkpoint-6 that came before the stop: out of the way
+    later.mkdir()
+    for p in out.glob("checkpoint-*"):
+        if int(p.name.split("-")[1]) > 6:
+            p.rename(later / p.name)
+    opt = out / "checkpoint-6" / "optimizer.pt"
+    opt.write_bytes(opt.read_bytes()[: opt.stat().st_size // 2])
+    weights = out / "checkpoint-4" / "model.safetensors"
+    raw = weights.read_bytes()
+    weights.write_bytes(raw.replace(b'"dtype":"F32"', b'"dtype":"X32"', 1))
+    assert checkpoint_problems(out / "checkpoint-4") == [] and raw != weights.read_bytes()
+    logged = len(trainer_steps(out))
+
+    r = ftl("resume", "real", "--foreground", env=child_env(), timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert trainer_steps(out)[logged:] == list(range(3, 25))  # from checkpoint-2 on
+    events = events_of(child_env(), "real")
+    aside = {e["checkpoint"]: e for e in events if e["event"] == "checkpoint_set_aside"}
+    assert "optimizer.pt is truncated" in aside["checkpoint-6"]["problems"][0]
+    assert aside["checkpoint-4"]["reason"] == "unloadable"
+    assert "Error while deserializing header" in aside["checkpoint-4"]["problems"][0]
+    assert len(list(out.glob("incomplete-checkpoint-6-*"))) == len(list(out.glob("incomplete-checkpoint-4-*"))) == 1
