@@ -31,6 +31,7 @@ class ExitCode(IntEnum):
     DISK_FULL = 17  # the output_dir's filesystem cannot hold a checkpoint (refused, or ENOSPC while saving)
     ENV_CHANGED = 18  # a package that decides training changed since the checkpoint to resume was made
     NOTIFY_CONFIG = 19  # $FTLAUNCH_HOME/notify.yaml (the notification destinations) is unreadable or wrong
+    OUTPUT = 20  # a file the user named to write (bundle -o) cannot be written there (a full disk: DISK_FULL)
 
 
 class FtlaunchError(Exception):
@@ -145,3 +146,10 @@ class NotifyConfigError(FtlaunchError):
         else:
             message = f"{path}: {len(self.problems)} problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(message, hint)
+
+
+class OutputError(FtlaunchError):
+    """A file the user asked for (``bundle -o PATH``) cannot be written at PATH: read-only, not ours,
+    no such folder, a block device, a reader gone. Nothing half-written is left at PATH."""
+
+    exit_code = ExitCode.OUTPUT

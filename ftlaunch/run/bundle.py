@@ -11,7 +11,8 @@ Every member is redacted the way the supervisor redacts train.log (``run.trainer
 of the secret variables in the environment, and every value of the run's secrets.json, notification
 destinations included), plus Hugging Face token shapes and secret-looking keys' values in YAML/JSON
 lines, so a secret a file picked up some other way is masked too (ftlaunch.run.secrecy). ``members``
-reads the folder into (name, redacted bytes); ``write_bundle`` writes the archive atomically.
+reads the folder into (name, redacted bytes); ``write_bundle`` writes the archive
+(ftlaunch.outfile: atomically to a file, through a FIFO or device, or to stdout).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ftlaunch import __version__
 from ftlaunch.errors import StateError
+from ftlaunch.outfile import write_out
 from ftlaunch.run.notify import shared_secret_values
 from ftlaunch.run.progress import checkpoint_dirs, last_complete_checkpoint
 from ftlaunch.run.secrecy import scrub, secret_values
@@ -51,9 +53,10 @@ LEFT_OUT = (
 class Bundle:
     """What ``write_bundle`` wrote: the archive, its size and its members' names."""
 
-    path: Path
+    path: str  # as given, or "stdout"
     size: int
     members: tuple[str, ...]
+    how: str = "created"  # ftlaunch.outfile.Written.how: created, replaced, through a FIFO, streamed...
 
 
 def tail(data: bytes, limit: int) -> tuple[bytes, bool]:
@@ -203,22 +206,24 @@ def manifest(names: Iterable[str], notes: Iterable[str]) -> bytes:
     return "\n".join(lines).encode()
 
 
-def write_bundle(run_dir: Path, out: Path, env: Mapping[str, str], now: float | None = None) -> Bundle:
-    """Write ``out`` (tar.gz) atomically: a temp file beside it, then rename."""
+def write_bundle(
+    run_dir: Path, out: str, env: Mapping[str, str], now: float | None = None, stdout: BinaryIO | None = None
+) -> Bundle:
+    """Write the tar.gz to ``out`` (ftlaunch.outfile.write_out: ``-`` is stdout; a regular file is
+    replaced atomically, a FIFO or character device written through, a symlink followed; an OS error
+    is an OutputError or a DiskFullError naming ``out``). Every member is read before a byte is written."""
     files, notes = members(run_dir, env)
     files.append(("MANIFEST.txt", manifest([n for n, _ in files] + ["MANIFEST.txt"], notes)))
     top = f"ftlaunch-bundle-{run_dir.name}"
     mtime = int(time.time() if now is None else now)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with tarfile.open(tmp, "w:gz") as tar:
+
+    def produce(f: BinaryIO) -> None:
+        # stream mode ("w|gz"): tarfile only writes, so a FIFO or a pipe takes it as well as a file
+        with tarfile.open(fileobj=f, mode="w|gz") as tar:
             for name, data in files:
                 info = tarfile.TarInfo(f"{top}/{name}")
                 info.size, info.mtime, info.mode = len(data), mtime, 0o644
                 tar.addfile(info, io.BytesIO(data))
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return Bundle(path=out, size=out.stat().st_size, members=tuple(f"{top}/{n}" for n, _ in files))
+
+    written = write_out(out, produce, stdout=stdout)
+    return Bundle(path=written.where, size=written.size, members=tuple(f"{top}/{n}" for n, _ in files), how=written.how)
