@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from ftlaunch.errors import StateError
+from ftlaunch.files import JSON_LIMIT, read_user_text, value_error
 from ftlaunch.run.events import Event
 from ftlaunch.run.records import MARK
 from ftlaunch.run.recovery import is_v1
@@ -108,8 +109,8 @@ def _config(path: Path) -> Mapping[str, Any]:
     if cached and cached[0] == mtime:
         return cached[1]
     try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        values = yaml.safe_load(read_user_text(path, limit=JSON_LIMIT, what=str(path), error=value_error)) or {}
+    except (OSError, ValueError, yaml.YAMLError):
         values = {}
     _CONFIGS[path] = (mtime, values if isinstance(values, dict) else {})
     return _CONFIGS[path][1]

@@ -204,3 +204,17 @@ def test_text_that_is_not_utf8_names_the_byte(tmp_path):
         read_user_text(bad, limit=100, what=f"config file {bad}", error=ConfigError)
     with pytest.raises(ConfigError, match="is 12 bytes, over the 10 bytes"):
         read_user_text(bad, limit=10, what=f"config file {bad}", error=ConfigError)
+
+
+def test_files_in_ftlaunch_home_that_someone_else_put_there(tmp_path, isolated_home):
+    """learned.json (planning goes on without it and says so) and a run's ray.json, a FIFO each."""
+    from ftlaunch.plan.memory import store
+    from ftlaunch.run.ray.record import read_record
+
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(isolated_home / "learned.json")
+    with pytest.raises(StateError, match="learned.json is a FIFO"):
+        store.load({"FTLAUNCH_HOME": str(isolated_home)})
+    os.mkfifo(tmp_path / "ray.json")
+    with pytest.raises(StateError, match="ray.json is a FIFO"):
+        read_record(tmp_path)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import StateError, StateVersionError
-from ftlaunch.files import home, now_iso, write_json_atomic
+from ftlaunch.files import JSON_LIMIT, home, now_iso, read_user_bytes, write_json_atomic
 from ftlaunch.locks import held
 
 LEARNED_VERSION = 1
@@ -137,7 +137,7 @@ def load(env: Mapping[str, str]) -> Learned:
     StateVersionError when it is of another version."""
     path = _path(env)
     try:
-        raw = path.read_bytes()
+        raw = read_user_bytes(path, limit=JSON_LIMIT, what=str(path), error=StateError, hint=_HINT)
     except (FileNotFoundError, NotADirectoryError):
         return Learned()  # nothing learned yet (an unusable FTLAUNCH_HOME is for its own check to say)
     except OSError as exc:

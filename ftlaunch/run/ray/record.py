@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.errors import StateError
-from ftlaunch.files import write_json_atomic
+from ftlaunch.files import JSON_LIMIT, read_user_bytes, write_json_atomic
 
 RECORD = "ray.json"
 
@@ -79,7 +79,8 @@ def is_ray_run(run_dir: Path) -> bool:
 def read_record(run_dir: Path) -> RayRecord:
     path = run_dir / RECORD
     try:
-        return RayRecord.from_json(json.loads(path.read_text()))
+        data = read_user_bytes(path, limit=JSON_LIMIT, what=str(path), error=StateError)
+        return RayRecord.from_json(json.loads(data))
     except FileNotFoundError:
         raise StateError(f"run {run_dir.name} is not a Ray run (no {RECORD})") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
