@@ -187,6 +187,17 @@ def _exception(returncode: int, log: str) -> Exit | None:
     return Exit(FailureKind.CRASH, f"exit code {returncode}: {_line_of(log, last.start())}", {"exception": etype})
 
 
+def driver_error(logs: str) -> Exit | None:
+    """What the last output of a job's driver that died before recording an end says (Ray keeps it in
+    the job's message): a missing package, else a traceback's last exception (a config error or a
+    crash), its line as the message; None when it shows neither (a kill -9 mid-run)."""
+    missing = _missing_package(0, logs)
+    if missing is not None:
+        return missing
+    found, ex = _final_exception(logs), _exception(0, logs)
+    return Exit(ex.kind, _line_of(logs, found[0].start()), ex.detail) if found and ex else None
+
+
 def _last_line(returncode: int, log: str) -> Exit:
     tail = [ln for ln in log.strip().splitlines() if ln.strip()][-1:]
     said = tail[0].strip()[:300] if tail else "(it printed nothing)"

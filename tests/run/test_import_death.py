@@ -134,3 +134,53 @@ def test_other_failures_keep_their_rows():
         FailureKind.CONFIG
     )
     assert classify(1, "").message == "exit code 1: (it printed nothing)"
+
+
+RAY_SAID = "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+
+
+@pytest.mark.parametrize(
+    ("logs", "step", "error"),
+    [
+        (
+            "/v/bin/python: Error while finding module specification for 'ftlaunch.__main__' "
+            "(ModuleNotFoundError: No module named 'ftlaunch.__main__')\n",
+            "done",
+            "No module named 'ftlaunch.__main__'",
+        ),
+        ("Traceback (most recent call last):\nRuntimeError: the node lost its disk\n", "resubmit", "lost its disk"),
+        ("step 7\n", "resubmit", "exit code 1"),
+    ],
+    ids=["import-death", "crash", "no-traceback"],
+)
+def test_a_ray_driver_that_died_says_why_and_an_import_death_is_not_resubmitted(logs, step, error):
+    """A Ray job's driver that died before recording an end: the follower reads what it printed last
+    (Ray keeps it in the job's message). An import that fails fails at every start: the run ends
+    failed with the error, not resubmitted until the restart brake with only "exit code 1"."""
+    from ftlaunch.run.ray.follow import next_step
+    from ftlaunch.run.ray.jobs import JobInfo
+    from ftlaunch.run.state import RunStatus
+
+    job = JobInfo("FAILED", RAY_SAID + logs, driver_exit_code=1)
+    n = next_step(job, RunStatus.RUNNING, submission_id="s-2", stop_requested=False, progressed=False, no_progress=0)
+    assert n.step == step and error in (n.message or ""), n
+    if step == "done":
+        assert n.status is RunStatus.FAILED and "not retried" in n.message
+
+
+def test_a_ray_driver_killed_by_a_signal_is_resubmitted_whatever_it_printed_before():
+    """A kill -9 mid-run: an earlier attempt's traceback in the driver's output is not why it died."""
+    from ftlaunch.run.ray.follow import next_step
+    from ftlaunch.run.ray.jobs import JobInfo
+    from ftlaunch.run.state import RunStatus
+
+    said = RAY_SAID.replace("exit code 1", "exit code -9") + "ModuleNotFoundError: No module named 'x'\nstep 9\n"
+    n = next_step(
+        JobInfo("FAILED", said, driver_exit_code=-9),
+        RunStatus.RUNNING,
+        submission_id="s-2",
+        stop_requested=False,
+        progressed=False,
+        no_progress=0,
+    )
+    assert n.step == "resubmit" and "No module named" not in (n.message or ""), n

@@ -34,7 +34,7 @@ from ftlaunch.run.events import Event
 from ftlaunch.run.procs import start_time
 from ftlaunch.run.ray import jobs
 from ftlaunch.run.ray.record import RayRecord, Submission, read_record, write_record
-from ftlaunch.run.recovery import NO_PROGRESS_LIMIT
+from ftlaunch.run.recovery import NO_PROGRESS_LIMIT, Retry, driver_error, policy_of
 from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import read_events, read_state
 
@@ -91,6 +91,14 @@ def next_step(
     # Ray's message: "Job entrypoint command failed with exit code -9, last available logs ...": its head.
     why = (job.message or f"driver exit code {job.driver_exit_code}").split(", last available logs")[0]
     why = why.strip().splitlines()[0][:200] if why.strip() else f"driver exit code {job.driver_exit_code}"
+    # What a driver that exited (not one killed by a signal) printed last says more than its exit code
+    # (issue 40): an import that failed fails at every start, so it ends the run, never resubmitted.
+    exited = (job.driver_exit_code or 0) >= 0
+    error = driver_error((job.message or "").partition(", last available logs")[2]) if exited else None
+    if error is not None and policy_of(error.kind).retry is Retry.NEVER:
+        note = policy_of(error.kind).note
+        return Next(Step.DONE, RunStatus.FAILED, f"job {submission_id}'s driver died: {error.message} ({note})")
+    why += f": {error.message}" if error is not None else ""
     if count >= limit:
         return Next(
             Step.DONE,
