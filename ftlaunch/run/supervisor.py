@@ -176,6 +176,8 @@ class Supervisor:
             )
         run.attempt += 1
         moved = set_aside_incomplete(run.out, run.weights_only)
+        for aside in moved:  # said where `logs` and a foreground start show it, not only in the events
+            self.journal.say(f"ftlaunch: set aside {aside.describe()}")
         last = prog.last_complete_checkpoint(run.out, run.weights_only)
         # The trainer's environment, recorded and compared before anything of the attempt starts.
         refused = environment.at_attempt_start(

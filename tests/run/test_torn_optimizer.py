@@ -29,6 +29,7 @@ from ftlaunch.run.state import FailureKind
 
 from ..conftest import venv_bin
 from ..fake_trainer import install, write_checkpoint, write_config
+from ..helpers import said
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +239,7 @@ def test_resume_sets_a_torn_optimizer_aside_and_resumes_from_the_checkpoint_befo
     assert resumed_steps(out, logged) == list(range(5, 13))  # from checkpoint-4 on
     (aside,) = out.glob("incomplete-checkpoint-8-*")
     assert (aside / "optimizer.pt").read_bytes() == torn  # kept as it was, never deleted
+    assert said(f"ftlaunch: set aside checkpoint-8 -> {aside.name} (optimizer.pt is truncated", r.stdout + r.stderr)
     events = events_of(env, "torn")
     (ev,) = [e for e in events if e["event"] == "checkpoint_set_aside"]
     assert ev["checkpoint"] == "checkpoint-8" and "optimizer.pt is truncated" in ev["problems"][0]
