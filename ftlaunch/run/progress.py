@@ -11,7 +11,7 @@ import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ftlaunch.run.store import json_lines
 
@@ -157,7 +157,7 @@ def torch_file_problem(path: Path) -> str | None:
         return f"its zip index does not read: {exc}"
 
 
-def _zip_entries_problem(f: Any, entries: list[zipfile.ZipInfo], directory: int) -> str | None:
+def _zip_entries_problem(f: IO[bytes], entries: list[zipfile.ZipInfo], directory: int) -> str | None:
     """The first entry whose local header is missing or whose data runs past the next one's start."""
     if not entries:
         return "its zip archive lists no entries"
