@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlaunch.run.procs import Liveness
+from ftlaunch.run.recovery import driver_error
 from ftlaunch.run.state import FailureKind, ProgressRecord, RunState, RunStatus, StallRecord
 
 
@@ -262,6 +263,8 @@ def lost_message(state: RunState, run_id: str, trainer_live: Liveness, died: Map
     (resume, from where). Pure."""
     if state.job.submitted:
         what = f"lost: Slurm job {state.job.id} no longer runs and its supervisor wrote no final status"
+        if died is not None and died.get("cause"):
+            what += f"; its batch step died: {died['cause']}"
     elif died is not None and died.get("cause"):
         what = f"lost: its supervisor (pid {state.pid}) failed: {died['cause']} (in {died.get('where')})"
         if died.get("trainer_exit_code") is not None:
@@ -277,6 +280,18 @@ def lost_message(state: RunState, run_id: str, trainer_live: Liveness, died: Map
         else "the start (it recorded no complete checkpoint)"
     )
     return f"{what}; `ftlaunch resume {run_id}` continues it from {where}"
+
+
+def batch_step_death(output_tail: str) -> dict[str, str] | None:
+    """What a Slurm run found lost says of its batch step's death, from the end of its output (the job's
+    train.log): only a package it could not import, in its last lines (issue 40: the step, or the
+    `resume` of a requeued start, died at import and Slurm showed only a failed job). A traceback
+    further up may be an attempt's the supervisor retried, or a trainer's warning: it says nothing of
+    how the job ended."""
+    ex = driver_error("\n".join([ln for ln in output_tail.splitlines() if ln.strip()][-3:]))
+    if ex is None or ex.kind is not FailureKind.SETUP:
+        return None
+    return {"cause": ex.message, "where": "the batch step's output (train.log)"}
 
 
 def env_changed_line(state: RunState) -> str | None:

@@ -20,7 +20,7 @@ from ftlaunch.probe.usage import gpu_memory_of
 from ftlaunch.run.engines import of_state
 from ftlaunch.run.journal import read_last_word
 from ftlaunch.run.procs import Liveness, liveness
-from ftlaunch.run.runview import CostView, RunView, Seen, is_live, view_of, wants_last_word
+from ftlaunch.run.runview import CostView, RunView, Seen, batch_step_death, is_live, view_of, wants_last_word
 from ftlaunch.run.runview import StallView as StallView  # re-exported with RunView and CostView
 from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import RunFolder, list_runs, read_events, read_state, run_name, runs_root
@@ -45,8 +45,20 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
     if wants_last_word(state, status):
         # A supervisor that could not write its end, or died of an error of its own, left a last word.
         last_word = read_last_word(run_dir, state.output_dir, state.pid, state.pid_start)
+    elif status is RunStatus.LOST and state.job.submitted:
+        last_word = batch_step_death(_tail(RunFolder(run_dir).train_log))  # a step that died at import
     seen = Seen(status, slurm_state, live, trainer_live, gpu_gib, cost, last_word)
     return view_of(state, run_dir, seen, now, time.time())
+
+
+def _tail(path: Path, limit: int = 1 << 16) -> str:
+    """The last ``limit`` bytes of a log, as text; empty when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+            return f.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, now) -> CostView:

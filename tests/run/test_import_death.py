@@ -25,6 +25,7 @@ from ftlaunch.run.state import FailureKind
 from ..conftest import venv_bin
 from ..fake_trainer import write_config
 from ..helpers import said, wait_for
+from .test_e2e_slurm import cluster as cluster  # the Slurm stand-ins' fixture (tests/slurm/fakeslurm.py)
 
 UNSLOTH = "import unsloth  # use_unsloth: true, unsloth not installed\n"
 LLAMAFACTORY_CHECK = (
@@ -184,3 +185,46 @@ def test_a_ray_driver_killed_by_a_signal_is_resubmitted_whatever_it_printed_befo
         no_progress=0,
     )
     assert n.step == "resubmit" and "No module named" not in (n.message or ""), n
+
+
+@pytest.mark.e2e
+def test_a_slurm_batch_step_that_dies_at_import_is_lost_with_the_error_in_status(cluster, tmp_path):
+    """The job's Python cannot import ftlaunch's own dependencies (a node whose venv lacks a package):
+    the batch step dies before any supervisor runs; Slurm shows only a failed job. `status` says lost
+    with the import error the step printed into train.log, not only that the job no longer runs."""
+    broken = tmp_path / "node-site" / "ftlaunch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("import psutil_missing_on_this_node  # a package the node lacks\n")
+    sbatch = Path(cluster["env"]["PATH"].split(os.pathsep)[0]) / "sbatch"
+    # the job's environment only (sbatch passes its own to the job): `train` here imports the real package
+    text = sbatch.read_text().replace(
+        "FAKE_SLURM_COMMAND=sbatch", f"PYTHONPATH={broken.parent} FAKE_SLURM_COMMAND=sbatch"
+    )
+    sbatch.write_text(text)
+    env = cluster["env"]
+    r = ftl(env, "train", str(cluster["config"]), "--slurm", "--nodes", "2", "--gpu", "A100-80GBx8",
+            "--source-gpus", "16", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = json.loads(r.stdout)
+
+    def lost() -> dict | None:
+        s = json.loads(ftl(env, "status", run["id"], "--json").stdout)
+        return s if s["status"] in ("lost", "failed", "succeeded") else None
+
+    final = wait_for(lost, "the job's end", timeout=120)
+    error = "No module named 'psutil_missing_on_this_node'"
+    assert final["status"] == "lost" and error in final["message"], final
+    assert "its batch step died" in final["message"] and "ftlaunch resume" in final["message"], final["message"]
+    assert said(error, ftl(env, "status", run["id"]).stdout)
+
+
+def test_a_lost_slurm_runs_output_names_an_import_death_only_at_its_very_end():
+    from ftlaunch.run.runview import batch_step_death
+
+    died = "step 7\nTraceback (most recent call last):\n  File x\nModuleNotFoundError: No module named 'y'\n"
+    assert "No module named 'y'" in batch_step_death(died)["cause"]
+    warned = "Traceback (most recent call last):\nImportError: no flash_attn\nstep 1\nstep 2\nstep 3\n"
+    assert batch_step_death(warned) is None  # a warning long before the end: not how the job ended
+    cancelled = died + "slurmstepd: error: *** JOB 12 ON node1 CANCELLED ***\nstep 9\nstep 10\n"
+    assert batch_step_death(cancelled) is None
+    assert batch_step_death(died.replace("ModuleNotFoundError: No module", "RuntimeError: no")) is None
