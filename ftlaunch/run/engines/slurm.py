@@ -24,6 +24,7 @@ from ftlaunch.run import progress as prog
 from ftlaunch.run import transitions as journal
 from ftlaunch.run.engines.base import Created, EngineStatus, Resumed, ResumeOutcome, Started
 from ftlaunch.run.events import Event
+from ftlaunch.run.slurm import beat
 from ftlaunch.run.slurm import sbatch as slurm
 from ftlaunch.run.slurm.submit import one_node_named, write_and_submit
 from ftlaunch.run.state import RunState, RunStatus
@@ -90,6 +91,8 @@ class Slurm:
             return EngineStatus(recorded)
         if job_state in slurm.ACTIVE_STATES:
             if recorded in (RunStatus.RUNNING, RunStatus.RECOVERING) and job_state not in slurm.QUEUED_STATES:
+                if silent := _batch_step_silent(state):
+                    return EngineStatus(RunStatus.LOST, f"{job_state}; its batch step silent for {silent:.0f} s")
                 return EngineStatus(recorded, job_state)
             return EngineStatus(RunStatus(slurm.status_of(job_state) or recorded.value), job_state)
         if recorded.is_terminal():
@@ -186,6 +189,20 @@ def _output_dir_free(run_dir: Path, state: RunState, env: Mapping[str, str]) -> 
         if exc.holder != run_dir.name:
             raise
         raise BusyError(f"run {run_dir.name} is being started by another process right now") from None
+
+
+def _batch_step_silent(state: RunState) -> float | None:
+    """Seconds the run's batch step has written no heartbeat and its supervisor no state, when over the
+    limit (slurm/beat.py): a job killed whole, slurmstepd too, that Slurm still lists. None: alive, or
+    nothing to tell by (a job of an older ftlaunch)."""
+    from datetime import datetime
+
+    try:
+        written = datetime.fromisoformat(state.updated).timestamp() if state.updated else None
+    except ValueError:
+        written = None
+    last = beat.read_beat(Path(state.run_dir or ""))
+    return beat.silent_for(last, str(state.job.id), written, time.time())
 
 
 def _status_now(run_dir: Path) -> RunStatus:

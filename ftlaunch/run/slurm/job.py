@@ -32,6 +32,7 @@ from ftlaunch.errors import FtlaunchError, StateError
 from ftlaunch.run import transitions as journal
 from ftlaunch.run.events import Event
 from ftlaunch.run.procs import python_module
+from ftlaunch.run.slurm import beat
 from ftlaunch.run.slurm import sbatch as slurm
 from ftlaunch.run.state import FailureKind, RunStatus
 from ftlaunch.run.store import read_events, read_state
@@ -172,7 +173,11 @@ def main(argv: list[str] | None = None, poll: float = 0.2) -> int:
     # The supervisor writes train.log itself; its echo would reach train.log twice via Slurm's output.
     child = subprocess.Popen(child_command(run_dir, sys.executable), env=env, stdout=subprocess.DEVNULL)
     forwarded = False
+    beaten = 0.0
     while child.poll() is None:
+        if job.get("SLURM_JOB_ID") and time.monotonic() - beaten >= beat.BEAT_S:
+            beat.beat(run_dir, job["SLURM_JOB_ID"])  # `status` on the login node: this step is alive
+            beaten = time.monotonic()
         if (flags.usr1 or flags.term) and not forwarded:
             why = "time limit near (USR1)" if flags.usr1 else "SIGTERM (scancel, requeue or preemption)"
             sig = signal.SIGUSR2  # the time limit near: Slurm's, as a requeue or a preemption is
