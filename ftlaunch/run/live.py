@@ -2,18 +2,19 @@
 
 A ``LiveRow`` is a run's ``RunView`` (ftlaunch.run.view) plus what a glance at many runs needs: the
 engine (LLaMA-Factory v0/v1, local, torchrun xN or Slurm, DeepSpeed), the recent losses for a
-sparkline, the restarts so far and the last event. Reads are bounded, so a refresh stays cheap however
-long a run is: the tails of trainer_records.jsonl and events.jsonl only, and config.yaml once per
-change of its mtime. The parsing (``losses_of``, ``restarts_of``, ``event_line``, ``sparkline``) is pure.
-"""
+sparkline, the restarts so far and the last event. A file is parsed once per change of it
+(``FileMemo``: its mtime, size and inode), and a run whose status is final is not looked at again
+until one of its files changes (``LiveRows``), so a refresh of many idle runs is a few stats each;
+the records are read as a tail only. The parsing (``losses_of``, ``restarts_of``, ``event_line``,
+``sparkline``) is pure."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, MutableMapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -22,7 +23,7 @@ from ftlaunch.files import JSON_LIMIT, read_user_text, value_error
 from ftlaunch.run.events import Event
 from ftlaunch.run.records import MARK
 from ftlaunch.run.recovery import is_v1
-from ftlaunch.run.store import RunFolder, json_lines, list_runs, read_state
+from ftlaunch.run.store import RunFolder, json_lines, list_runs, read_events, read_state
 from ftlaunch.run.view import RunView, run_view
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -31,6 +32,7 @@ RECORDS_TAIL = 16 * 1024
 EVENTS_TAIL = 16 * 1024
 RESTART_EVENTS = frozenset({"retry", "recovered"})  # a retry is a restart; `recovered` ends one (not counted)
 QUIET_EVENTS = frozenset({"progress"})  # not worth the last-event column
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -96,57 +98,114 @@ def engine_of(config: Mapping[str, Any], slurm: bool, world_size: int | None) ->
     return " ".join(parts)
 
 
-_CONFIGS: MutableMapping[Path, tuple[int, Mapping[str, Any]]] = {}
+Stamp = tuple[int, int, int] | None  # (mtime, size, inode) of a file; None: not there
+RACY_S = 2.0  # a file changed this recently may change again within its mtime's tick: never kept
+
+
+def file_stamp(path: Path, now: float) -> tuple[Stamp, bool]:
+    """(the file's stamp, whether it may be kept): a stamp newer than RACY_S may hide a second write
+    of the same size in the same mtime tick (git's "racily clean" index entries), so it is not kept."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None, True
+    return (st.st_mtime_ns, st.st_size, st.st_ino), st.st_mtime < now - RACY_S
+
+
+class FileMemo:
+    """What was parsed out of a file, parsed again only when its stamp changed. A parse that raises
+    is not kept (the next call raises again, or reads what was fixed)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._kept: dict[tuple[Path, str], tuple[Stamp, Any]] = {}
+
+    def get(self, path: Path, what: str, parse: Callable[[Path], T]) -> T:
+        seen, keep = file_stamp(path, self.clock())
+        kept = self._kept.get((path, what))
+        if kept is not None and kept[0] == seen:
+            return kept[1]
+        value = parse(path)
+        if keep:
+            self._kept[(path, what)] = (seen, value)
+        else:
+            self._kept.pop((path, what), None)
+        return value
+
+    def forget(self, keep: Callable[[Path], bool]) -> None:
+        """Drop what was kept of the files ``keep`` says no to (the runs gone from the list)."""
+        self._kept = {k: v for k, v in self._kept.items() if keep(k[0])}
 
 
 def _config(path: Path) -> Mapping[str, Any]:
-    """config.yaml's values, parsed again only when it changed (a resume with edits, an OOM rung)."""
-    try:
-        mtime = path.stat().st_mtime_ns
-    except OSError:
-        return {}
-    cached = _CONFIGS.get(path)
-    if cached and cached[0] == mtime:
-        return cached[1]
+    """config.yaml's values ({} when it cannot be read)."""
     try:
         values = yaml.safe_load(read_user_text(path, limit=JSON_LIMIT, what=str(path), error=value_error)) or {}
     except (OSError, ValueError, yaml.YAMLError):
         values = {}
-    _CONFIGS[path] = (mtime, values if isinstance(values, dict) else {})
-    return _CONFIGS[path][1]
+    return values if isinstance(values, dict) else {}
 
 
-def live_row(run_dir: Path) -> LiveRow:
+def _event_tail(path: Path) -> list[dict[str, Any]]:
+    return json_lines(tail_lines(path, EVENTS_TAIL), lambda r: isinstance(r.get("event"), str))[0]
+
+
+def live_row(run_dir: Path, memo: FileMemo | None = None) -> LiveRow:
+    """A run's row. ``memo``: what was parsed of its files before (LiveRows keeps one: a watch reads
+    again only the files that changed; a config, the events, the record tail are read once per change)."""
+    memo = FileMemo() if memo is None else memo
+    folder = RunFolder(run_dir)
     try:
-        view = run_view(run_dir)
-        state = read_state(run_dir)
+        state = memo.get(folder.state, "state", lambda _: read_state(run_dir))
+        events = memo.get(folder.events, "all", lambda _: read_events(run_dir))
+        view = run_view(run_dir, state=state, events=events)
     except StateError as exc:
         return LiveRow(view=RunView.unreadable(run_dir, exc.message))
-    folder = RunFolder(run_dir)
-    events, _ = json_lines(tail_lines(folder.events, EVENTS_TAIL), lambda r: isinstance(r.get("event"), str))
+    tail = memo.get(folder.events, "tail", _event_tail)
     return LiveRow(
         view=view,
-        engine=engine_of(_config(folder.config), state.job.submitted, state.world_size),
-        losses=losses_of(tail_lines(folder.records, RECORDS_TAIL)),
-        restarts=_all_restarts(folder) if _size(folder.events) > EVENTS_TAIL else restarts_of(events),
-        last_event=event_line(events),
+        engine=engine_of(memo.get(folder.config, "config", _config), state.job.submitted, state.world_size),
+        losses=memo.get(folder.records, "losses", lambda p: losses_of(tail_lines(p, RECORDS_TAIL))),
+        restarts=restarts_of(events),
+        last_event=event_line(tail),
     )
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+def stamp(run_dir: Path, now: float) -> tuple[tuple[Stamp, ...], bool]:
+    """What says a run's row may have changed: the stamps of the files it is read from, and whether
+    they may be kept (none written within RACY_S)."""
+    folder = RunFolder(run_dir)
+    seen = [file_stamp(p, now) for p in (folder.state, folder.events, folder.records, folder.config)]
+    return tuple(s for s, _ in seen), all(k for _, k in seen)
 
 
-def _all_restarts(folder: RunFolder) -> int:
-    """Restarts of a run whose events outgrew the tail: counted on the whole file, as bytes (cheap;
-    store.append_event writes json.dumps's default separators)."""
-    try:
-        return folder.events.read_bytes().count(json.dumps({"event": Event.RETRY.value})[1:-1].encode())
-    except OSError:
-        return 0
+class LiveRows:
+    """``live_rows`` with a memory, for a watch that reads every run every second (issue 40: 40 runs
+    read whole every second were most of a refresh once drawing was cheap). A run whose status is
+    final (succeeded, failed, stopped, lost...) is read again only when one of its files changed: four
+    stats, instead of its state, its events, two tails and its engine's status (squeue, Ray's API).
+    A live run is looked at every time (its liveness, ETA and stall clock move without a write), but
+    its files are parsed again only when they changed (``FileMemo``)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.memo = FileMemo(clock)
+        self._final: dict[Path, tuple[tuple[Stamp, ...], LiveRow]] = {}
+
+    def __call__(self, env: Mapping[str, str]) -> list[LiveRow]:
+        out: list[LiveRow] = []
+        final: dict[Path, tuple[tuple[Stamp, ...], LiveRow]] = {}
+        for run_dir in list_runs(env):
+            seen, keep = stamp(run_dir, self.clock())
+            kept = self._final.get(run_dir)
+            row = kept[1] if kept is not None and kept[0] == seen else live_row(run_dir, self.memo)
+            if keep and row.view.status.is_terminal():
+                final[run_dir] = (seen, row)
+            out.append(row)
+        self._final = final  # a run gone from the list is forgotten
+        listed = {p.parent for p in final} | {Path(r.view.run_dir) for r in out}
+        self.memo.forget(lambda path: path.parent in listed)
+        return out
 
 
 def live_rows(env: Mapping[str, str]) -> list[LiveRow]:

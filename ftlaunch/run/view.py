@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ftlaunch.errors import FtlaunchError, RunNotFoundError, StateError
 from ftlaunch.probe.usage import gpu_memory_of
@@ -26,11 +27,19 @@ from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import RunFolder, list_runs, read_events, read_state, run_name, runs_root
 
 
-def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | None = None) -> RunView:
+def run_view(
+    run_dir: Path,
+    now: float | None = None,
+    env: Mapping[str, str] | None = None,
+    state: RunState | None = None,
+    events: list[dict[str, Any]] | None = None,
+) -> RunView:
     """One run as `status --json` shows it. Liveness decides running vs lost (fails closed); for a
     Slurm run, Slurm decides (its supervisor runs on another host: queued, starting, or the state).
-    This shell looks (state, processes, Slurm, GPU, records); ftlaunch.run.runview.view_of decides."""
-    state = read_state(run_dir)
+    This shell looks (state, processes, Slurm, GPU, records); ftlaunch.run.runview.view_of decides.
+    ``state``, ``events``: the run's state and events as the caller read them (the live view keeps
+    them while their files stay as they were), else read here."""
+    state = read_state(run_dir) if state is None else state
     live = liveness(state.pid, state.pid_start)
     trainer_live = liveness(state.trainer_pid, state.trainer_start)
     # Its engine says what it is now: a local run's supervisor liveness, a Slurm run's job in Slurm.
@@ -40,7 +49,8 @@ def run_view(run_dir: Path, now: float | None = None, env: Mapping[str, str] | N
     gpu_gib = None
     if trainer_live is Liveness.ALIVE and state.gpu_count and state.trainer_pid:
         gpu_gib = gpu_memory_of(_process_tree(state.trainer_pid))
-    cost = _cost(run_dir, state, status, p.get("step"), p.get("total_steps"), state.steps_per_second, now)
+    events = read_events(run_dir) if events is None else events
+    cost = _cost(run_dir, state, events, status, p.get("step"), p.get("total_steps"), state.steps_per_second, now)
     last_word = None
     if wants_last_word(state, status):
         # A supervisor that could not write its end, or died of an error of its own, left a last word.
@@ -61,7 +71,7 @@ def _tail(path: Path, limit: int = 1 << 16) -> str:
         return ""
 
 
-def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, now) -> CostView:
+def _cost(run_dir: Path, state: RunState, events: list, status: RunStatus, step, total, rate, now) -> CostView:
     """tokens/s of this attempt (as its supervisor stored it) and GPU-hours so far / projected, from the
     run's own records."""
     from ftlaunch.run import accounting as acc
@@ -70,7 +80,7 @@ def _cost(run_dir: Path, state: RunState, status: RunStatus, step, total, rate, 
     live = is_live(status)
     # A lost run's last attempt ended at its last sign of life, not at 0 s (nor now).
     end = (now or time.time()) if live else _last_sign_of_life(run_dir, state)
-    spans = acc.attempt_spans(read_events(run_dir), now=end)
+    spans = acc.attempt_spans(events, now=end)
     busy = acc.busy_seconds(spans)
     so_far = acc.gpu_hours(busy, gpus)
     left = acc.projected_hours(step, total, rate) if live else 0.0
