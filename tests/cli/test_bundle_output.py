@@ -198,3 +198,39 @@ def test_a_regular_file_is_replaced_whole(run_dir, tmp_path, monkeypatch):
     assert r.exit_code == 0 and said(f"wrote {made.name} (", r.output), r.output
     assert members(made.read_bytes()) == first
     assert [p.name for p in cwd.iterdir()] == [made.name]
+
+
+def test_a_block_device_and_a_socket_are_refused_untouched(run_dir, tmp_path):
+    """As root `-o /dev/sda` would write over a disk: refused before it is opened. The node made here
+    names a loop device that is not there (opening it would fail anyway)."""
+    import socket
+
+    blk = tmp_path / "blk"
+    try:
+        os.mknod(blk, stat.S_IFBLK | 0o600, os.makedev(7, 250))
+    except OSError as exc:
+        pytest.skip(f"cannot make a block device node here (needs root): {exc}")
+    r = cli("bundle", RUN_ID, "-o", str(blk))
+    assert r.exit_code == 20 and said(f"cannot write {blk}: it is a block device", r.output), r.output
+    assert stat.S_ISBLK(os.lstat(blk).st_mode)
+    sock_path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(sock_path))
+        r = cli("bundle", RUN_ID, "-o", str(sock_path))
+    assert r.exit_code == 20 and said("it is a socket", r.output), r.output
+
+
+def test_dash_to_a_terminal_is_refused(run_dir, tmp_path):
+    """gzip's rule: compressed bytes are never written to a terminal (a real pseudo-terminal here)."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run(
+            _binary("bundle", RUN_ID, "-o", "-"), stdout=slave, stderr=subprocess.PIPE, cwd=tmp_path, timeout=120
+        )
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert p.returncode == 2, p.stderr.decode()
+    assert said("would write compressed bytes to a terminal", p.stderr.decode())
