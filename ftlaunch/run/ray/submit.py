@@ -40,6 +40,7 @@ CARRIED_PREFIXES = (
     "TORCH_", "OMP_", "MKL_", "WANDB_", "LLAMAFACTORY_",
 )  # fmt: skip
 CARRIED_NAMES = ("PYTHONPATH", "MPLCONFIGDIR", "XDG_CACHE_HOME", "TMPDIR", "LANG", "LC_ALL", "DISABLE_VERSION_CHECK")
+# Never carried though their names are carried ones: ftlaunch's own switches for this process.
 _NEVER = frozenset({SUBMISSION_ENV, "FTLAUNCH_DEBUG"})
 
 
