@@ -532,7 +532,8 @@ def resume(
     )
     pid = resumed.pid
     if resumed.outcome is ResumeOutcome.ALIVE:
-        alive = f"run {run_dir.name} is alive (supervisor pid {pid})"
+        where = f"supervisor pid {pid}" if pid else f"{resumed.engine_label} job {resumed.job}"
+        alive = f"run {run_dir.name} is alive ({where})"
         if follow is False:
             click.echo(f"{alive}; follow it: ftlaunch logs -f {run_dir.name}")
             return
@@ -547,7 +548,7 @@ def resume(
         )
         click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
     elif resumed.outcome is ResumeOutcome.RESUBMITTED:
-        click.echo(f"run {run_dir.name} submitted again as Slurm job {resumed.job}; it resumes when the job runs")
+        click.echo(f"run {run_dir.name} submitted again as {resumed.engine_label} job {resumed.job}; it resumes when the job runs")
         click.echo(f"  follow: ftlaunch logs -f {run_dir.name}")
     elif resumed.outcome is ResumeOutcome.FOREGROUND:
         sys.exit(resumed.exit_code)

@@ -202,6 +202,7 @@ def test_a_stopped_head_is_unreachable_not_failed_and_resume_on_a_new_head_finis
     try:
         r = ftl("resume", run_dir.name, "--no-follow", env={**env, "RAY_ADDRESS": second.address})
         assert r.returncode == 0, r.stdout + r.stderr
+        assert "Slurm" not in r.stdout, r.stdout  # a Ray run's job is named a Ray job
         done = wait_status(run_dir, {"succeeded", "failed", "lost", "stopped", "no_progress"}, timeout=400)
         assert done["status"] == "succeeded", (done, (run_dir / "train.log").read_text()[-3000:])
         record = read_record(run_dir)

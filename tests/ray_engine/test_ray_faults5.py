@@ -59,6 +59,7 @@ def test_ray_job_stop_is_from_outside_and_resume_gpu_none_runs_the_plan_it_print
     r = ftl("resume", run_dir.name, "--gpu", "none", "--no-follow", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert said("devices", r.stderr) and said("resumes from checkpoint-", r.stderr), r.stderr
+    assert said("submitted again as Ray job ftlaunch-", r.stdout) and "Slurm" not in r.stdout, r.stdout
     done = wait_status(run_dir, TERMINAL, timeout=400)
     assert done["status"] == "succeeded", (done, (run_dir / "train.log").read_text()[-3000:])
     # What ran is what was printed: one process, and the next job asked Ray for one CPU.

@@ -67,7 +67,7 @@ class ResumeOutcome(StrEnum):
     RESTARTED = "restarted"  # a new detached supervisor (``pid``)
     FOREGROUND = "foreground"  # restarted and run to its end here (``exit_code``)
     IN_SLURM = "in_slurm"  # a Slurm run whose job Slurm still holds (``job``, ``slurm_state``): nothing done
-    RESUBMITTED = "resubmitted"  # a Slurm run submitted again through sbatch (``job``: the new job id)
+    RESUBMITTED = "resubmitted"  # an engine's run submitted again (``job``: the new job id, ``engine_label``)
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class Resumed:
     exit_code: int | None = None
     job: str | None = None
     slurm_state: str | None = None
+    engine_label: str = "Slurm"  # how the job's engine is named to the user ("Slurm job 12", "Ray job ftlaunch-...")
 
 
 @runtime_checkable

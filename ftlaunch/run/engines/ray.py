@@ -115,5 +115,5 @@ class Ray:
         write_record(run_dir, address_for_record(record, new and jobs.address_of(new, env)))
         sid = resubmit_by_hand(run_dir, env, edit, changes=bool(overrides))
         if sid is None:
-            return Resumed(ResumeOutcome.ALIVE, job=record.current.id if record.current else None)
-        return Resumed(ResumeOutcome.RESUBMITTED, job=sid)
+            return Resumed(ResumeOutcome.ALIVE, job=record.current.id if record.current else None, engine_label="Ray")
+        return Resumed(ResumeOutcome.RESUBMITTED, job=sid, engine_label="Ray")
