@@ -43,7 +43,7 @@ def bundle_cmd(run: str | None, output: str | None) -> None:
     Examples:
       ftlaunch bundle
       ftlaunch bundle 20261130-1200 -o bug-report.tar.gz
-      ftlaunch bundle 20261130-1200 -o - | ssh host 'cat > bundle.tar.gz'
+      ftlaunch bundle 20261130-1200 -o - | tar tzf -
     """
     from ftlaunch.run.bundle import write_bundle
     from ftlaunch.run.view import find_run
