@@ -55,13 +55,15 @@ def stopped(run_dir: Path, message: str, /, **event: Any) -> RunState:
 
 def resumed(run_dir: Path, before: RunState, *, allow_env_change: bool, from_checkpoint: str | None) -> RunState:
     """`resume` restarts the run on this machine: a fresh budget (the user changed something, or wants
-    another go), no supervisor or trainer yet."""
+    another go), no supervisor or trainer yet, and the last end's message forgotten (a restarted run
+    said "stopped by the user" in `status` while it trained)."""
     state = update_state(
         run_dir,
         status=RunStatus.STARTING,
         budget=before.budget.refilled(),
         pid=None,
         trainer_pid=None,
+        message=None,
         allow_env_change=allow_env_change or None,
     )
     note(run_dir, Event.RESUMED, previous=before.status.value, from_checkpoint=from_checkpoint)

@@ -144,6 +144,7 @@ def test_two_resumes_of_a_stopped_run_restart_it_once_and_stop_stops_it_once(tmp
     wait_for(lambda: starts(tmp_path) == 2)
     st = state(run_dir)
     assert st["status"] in ("running", "recovering") and len(supervisors_of(run_dir)) == 1, st
+    assert "stopped" not in (st.get("message") or ""), st  # the stop's message is not the restarted run's
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events].count("resumed") == 1
     assert [e for e in events if e["event"] == "attempt_started"][-1]["attempt"] == st["attempt"] == 2
