@@ -143,6 +143,7 @@ def test_dev_null_is_written_through_and_dev_full_says_full(run_dir):
     [
         ("/proc/ftlaunch-bundle.tar.gz", "its folder /proc takes no new files"),
         ("/proc/self/ftlaunch-bundle.tar.gz", "its folder /proc/self takes no new files"),
+        ("/sys/ftlaunch-bundle.tar.gz", "cannot write /sys/ftlaunch-bundle.tar.gz:"),  # EACCES, or EROFS
         ("{tmp}/a-file/b.tar.gz", "{tmp}/a-file is a file, not a folder"),
         ("{tmp}", "is a directory"),  # click's own check: exit 2
     ],
