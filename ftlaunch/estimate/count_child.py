@@ -12,7 +12,15 @@ argv: SPEC_JSON OUT_JSON. SPEC = {"config": {...}}. Runs the calls run_sft/run_p
 """
 
 import json
+import os
 import sys
+
+# Run by path, so Python put this file's folder first on sys.path, where ftlaunch/run/ray would be taken
+# for the top-level `ray` (transformers' is_ray_tune_available found it) and any sibling module for a
+# package of the same name. The trainer's Python may predate -P (3.11): take the folder off here,
+# before anything past the standard library is imported.
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
 
 # Printed before exiting 3 when the tokenizer cannot encode: probe.py turns it into a config error.
 EMPTY_TOKENIZER = "FTLAUNCH_EMPTY_TOKENIZER:"

@@ -35,6 +35,13 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
+# Run by path, so Python put this file's folder first on sys.path, where ftlaunch/run/ray would be taken
+# for the top-level `ray` (transformers' is_ray_tune_available found it) and any sibling module for a
+# package of the same name. The trainer's Python may predate -P (3.11): take the folder off here,
+# before anything past the standard library is imported.
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
+
 # What the launcher and the parsers read from the environment; reset between items.
 _RUNTIME_VARS = (
     "LOCAL_RANK",
