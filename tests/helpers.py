@@ -30,3 +30,16 @@ def wait_for(pred, what: str, timeout: float = 60.0, poll: float = 0.1):
             return got
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def bind_unix(sock, path) -> None:
+    """Bind an AF_UNIX socket at ``path`` whatever its length: the kernel takes 107 bytes, and a long
+    TMPDIR (scripts/ci_stress.sh) is longer. Bound by its name from its folder, the cwd put back."""
+    import os
+
+    here = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        sock.bind(path.name)
+    finally:
+        os.chdir(here)

@@ -22,7 +22,7 @@ from ftlaunch.errors import ConfigError, ExitCode, HardwareError, StateError
 from ftlaunch.files import HARDWARE_LIMIT, read_user_bytes, read_user_text
 
 from ..fake_trainer import install, write_config
-from ..helpers import said
+from ..helpers import bind_unix, said
 
 SECONDS = 30  # far above what each case takes (< 1 s of work): a read without end runs into it
 
@@ -175,7 +175,7 @@ def test_the_reader_refuses_each_kind_and_follows_a_symlink(tmp_path):
     (tmp_path / "link").symlink_to(good)
     assert read(tmp_path / "link") == b'{"gpus": []}'
     sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(tmp_path / "s"))
+    bind_unix(sock, tmp_path / "s")  # a long TMPDIR is past AF_UNIX's 107 bytes
     try:
         kinds = {tmp_path: "a directory", tmp_path / "s": "a socket", Path("/dev/null"): "a character device"}
         for path, kind in kinds.items():

@@ -22,7 +22,7 @@ from ftlaunch.cli.main import main
 from ftlaunch.run.state import RunState, RunStatus
 from ftlaunch.run.store import write_state
 
-from ..helpers import said
+from ..helpers import bind_unix, said
 
 RUN_ID = "20260101-000000-abcd"
 
@@ -216,7 +216,7 @@ def test_a_block_device_and_a_socket_are_refused_untouched(run_dir, tmp_path):
     assert stat.S_ISBLK(os.lstat(blk).st_mode)
     sock_path = tmp_path / "s.sock"
     with socket.socket(socket.AF_UNIX) as s:
-        s.bind(str(sock_path))
+        bind_unix(s, sock_path)  # a long TMPDIR is past AF_UNIX's 107 bytes
         r = cli("bundle", RUN_ID, "-o", str(sock_path))
     assert r.exit_code == 20 and said("it is a socket", r.output), r.output
 
