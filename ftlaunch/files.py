@@ -177,11 +177,12 @@ _KINDS = (
 )
 
 
-def _kind(mode: int) -> str | None:
-    """What a file that is not a regular one is ("a FIFO (named pipe)"), None for a regular file."""
-    if stat.S_ISREG(mode):
+def file_kind(mode: int | None) -> str | None:
+    """What a file that is not a regular one is ("a FIFO (named pipe)"), None for a regular file or
+    none at all (``mode`` None); read by the user-file reader here and the output writer (outfile)."""
+    if mode is None or stat.S_ISREG(mode):
         return None
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
 def _size_text(n: int) -> str:
@@ -208,12 +209,12 @@ def read_user_bytes(
         return error(message, advice)
 
     try:
-        kind = _kind(os.stat(path).st_mode)  # before opening: opening a device can itself act
+        kind = file_kind(os.stat(path).st_mode)  # before opening: opening a device can itself act
         if kind is None:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             try:
                 st = os.fstat(fd)
-                kind = _kind(st.st_mode)
+                kind = file_kind(st.st_mode)
                 data = b"" if kind or st.st_size > limit else _read_at_most(fd, limit + 1)
             finally:
                 os.close(fd)

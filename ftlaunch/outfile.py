@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ftlaunch.errors import DiskFullError, FtlaunchError, OutputError
-from ftlaunch.files import file_in_the_way
+from ftlaunch.files import file_in_the_way, file_kind
 
 STDOUT = "-"
 HINT = "choose another -o: a folder you can write with room, or -o - to stream it to stdout"
@@ -76,30 +75,14 @@ def write_out(target: str, produce: Produce, stdout: BinaryIO | None = None) -> 
         mode = None
     except OSError as exc:
         raise cannot_write(target, exc) from None
-    kind = _kind(mode)
-    if kind in ("a folder", "a block device", "a socket"):
+    kind = file_kind(mode)
+    if kind in ("a directory", "a block device", "a socket"):
         raise OutputError(f"cannot write {target}: it is {kind}; only a file, a FIFO or a character device", hint=HINT)
     if kind is not None:
         return Written(target, _write_through(path, produce, target), f"through {kind}")
     real = Path(os.path.realpath(path))
     size = _replace(real, produce, target)
     return Written(target, size, "replaced" if mode is not None else "created")
-
-
-def _kind(mode: int | None) -> str | None:
-    """What a non-regular file is, in words; None for a regular file or nothing."""
-    if mode is None or stat.S_ISREG(mode):
-        return None
-    for test, name in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-    ):
-        if test(mode):
-            return name
-    return "a special file"
 
 
 def _through(write_some: Callable[[memoryview], int | None], produce: Produce, label: str) -> int:

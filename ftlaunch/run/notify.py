@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import queue
-import re
 import subprocess
 import sys
 import threading
@@ -44,7 +43,15 @@ from ftlaunch.errors import ConfigError, NotifyConfigError, StateError
 from ftlaunch.files import NOTIFY_LIMIT, home, now_iso, read_user_text
 from ftlaunch.run.events import Event
 from ftlaunch.run.notify_delivery import HTTP, TIMEOUT_S, apprise_send, post_or_run
-from ftlaunch.run.secrecy import NOTIFY_KEY, scrub, secret_values
+from ftlaunch.run.secrecy import (
+    LIST_SPLIT,
+    NOTIFY_KEY,
+    keep_notify_env,
+    kept_notify_env,
+    scrub,
+    secret_values,
+    with_kept_notify_env,
+)
 
 EVENTS = (
     "started",
@@ -67,7 +74,6 @@ BACKOFF_S = 0.5
 CLOSE_WAIT_S = 0.5
 LATE_S = 3.0  # the detached child waits this past the last deadline for its tries to end (a command's grace)
 LOG_LINES = 20
-_SPLIT = re.compile(r"[\s,]+")
 NOTIFY_FILE = "notify.yaml"  # in FTLAUNCH_HOME: the destinations of every run given none of its own
 FILE_HINT = (
     "notify.yaml holds `destinations:`, a list of entries with `url:` or `cmd:` and optionally `on:` "
@@ -138,7 +144,7 @@ class NotifySpec:
 
     def with_env(self, env: Mapping[str, str]) -> NotifySpec:
         """Plus FTLAUNCH_NOTIFY's URLs (read when the supervisor starts: schedules and resumes too)."""
-        extra = tuple(u for u in _SPLIT.split(env.get("FTLAUNCH_NOTIFY", "")) if u and u not in self.urls)
+        extra = tuple(u for u in LIST_SPLIT.split(env.get("FTLAUNCH_NOTIFY", "")) if u and u not in self.urls)
         return replace(self, urls=self.urls + extra) if extra else self
 
 
@@ -152,7 +158,7 @@ def _chosen(words: Iterable[str]) -> tuple[frozenset[str], list[str]]:
 
 def parse_on(text: str | None) -> frozenset[str]:
     """``--notify-on started,failed``: the events chosen ("all" or nothing: every one)."""
-    on, unknown = _chosen(_SPLIT.split(text or ""))
+    on, unknown = _chosen(LIST_SPLIT.split(text or ""))
     if unknown:
         raise ConfigError(
             f"--notify-on: unknown event(s) {', '.join(unknown)}", hint=f"choose among: {', '.join(EVENTS)}"
@@ -245,7 +251,7 @@ def _on_key(m: Mapping[Any, Any]) -> dict[Any, Any]:
 def _file_events(value: Any, key: str, problems: list[str]) -> frozenset[str]:
     """An ``on:`` of notify.yaml: a list of event names or one comma-separated string."""
     if isinstance(value, str):
-        words = _SPLIT.split(value)
+        words = LIST_SPLIT.split(value)
     elif isinstance(value, list) and all(isinstance(w, str) for w in value):
         words = list(value)
     else:
@@ -260,7 +266,7 @@ def _file_events(value: Any, key: str, problems: list[str]) -> frozenset[str]:
 def shared_secret_values(env: Mapping[str, str]) -> list[str]:
     """The destinations a run uses without keeping them (notify.yaml's, read leniently: a wrong file's
     too; FTLAUNCH_NOTIFY's URLs), as text a bundle must not hold."""
-    found = [u for u in _SPLIT.split(env.get("FTLAUNCH_NOTIFY", "")) if u]
+    found = [u for u in LIST_SPLIT.split(env.get("FTLAUNCH_NOTIFY", "")) if u]
     try:
         import yaml
 
@@ -457,7 +463,6 @@ def read_spec(run_dir: Path, env: Mapping[str, str]) -> NotifySpec:
 def _env_kept(run_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
     """``env``, with the FTLAUNCH_NOTIFY a Ray or Slurm submission kept in secrets.json when it has none
     (the job's environment never carries it: secrecy.keep_notify_env)."""
-    from ftlaunch.run.secrecy import with_kept_notify_env
     from ftlaunch.run.store import read_secrets
 
     return with_kept_notify_env(read_secrets(run_dir), env)
@@ -465,7 +470,6 @@ def _env_kept(run_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
 
 def keep_spec(run_dir: Path, spec: NotifySpec) -> None:
     """Store a run's destinations in its secrets.json (0600), beside its secret config keys."""
-    from ftlaunch.run.secrecy import keep_notify_env, kept_notify_env
     from ftlaunch.run.store import read_secrets, write_secrets
 
     secrets = read_secrets(run_dir)

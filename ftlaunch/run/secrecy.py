@@ -44,7 +44,8 @@ _SECRET_PART = re.compile(
 # A URL query parameter whose value is a credential.
 _SECRET_PARAM = re.compile(r"token|secret|passw|pwd|api_?key|apikey|^key$|^sig$|signature|auth|credential", re.I)
 _URL = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>]+""")
-_SPLIT = re.compile(r"[\s,]+")  # FTLAUNCH_NOTIFY's URLs, as run/notify.py reads them
+# A list in one value (FTLAUNCH_NOTIFY's URLs, --notify-on's events): the one split, here and in run/notify.py.
+LIST_SPLIT = re.compile(r"[\s,]+")
 # Values too plain to mask: a secret-named flag (HF_HUB_DISABLE_IMPLICIT_TOKEN=1) is no credential.
 _PLAIN = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off"})
 
@@ -106,7 +107,7 @@ def env_secret_values(env: Mapping[str, str]) -> list[str]:
         if not value:
             continue
         if secret_name(name):
-            found += [value, *_SPLIT.split(value)] if name in NOTIFY_ENV else [value]
+            found += [value, *LIST_SPLIT.split(value)] if name in NOTIFY_ENV else [value]
         found += url_secrets(value)
     return _longest_first(found)
 
